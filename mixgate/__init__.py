@@ -1,0 +1,1 @@
+"""mixgate: the command line that ties gateway/, engine/, policies/ and bench/ together."""

@@ -1,0 +1,3 @@
+from mixgate.cli import main
+
+raise SystemExit(main())

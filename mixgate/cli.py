@@ -1,0 +1,83 @@
+"""`mixgate` command: each subcommand lives in its own layer; imports are lazy so that
+`mixgate --help` stays fast and a missing optional extra only breaks its own command."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Callable, Sequence
+
+
+def _make_model(args: argparse.Namespace) -> int:
+    from engine.make_model import make_model
+
+    path = make_model(
+        args.dir, args.preset, seed=args.seed, dtype=args.dtype, max_shard_bytes=args.shard_bytes
+    )
+    print(f"wrote {args.preset} model to {path}")
+    return 0
+
+
+def _bench_engine(args: argparse.Namespace) -> int:
+    from bench.engine_bench import run_engine_bench
+
+    return run_engine_bench(args)
+
+
+def _add_make_model(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    from engine.presets import PRESET_NAMES
+
+    p = sub.add_parser("make-model", help="write a seeded random model folder (HF layout)")
+    p.add_argument("dir", help="output folder")
+    p.add_argument("--preset", choices=PRESET_NAMES, default="tiny")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32")
+    p.add_argument("--shard-bytes", type=int, default=None, help="split weights into shards")
+    p.set_defaults(handler=_make_model)
+
+
+def _add_bench(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    bench = sub.add_parser("bench", help="benchmarks that print numbers and write JSON")
+    kinds = bench.add_subparsers(dest="bench_kind", required=True)
+    engine = kinds.add_parser("engine", help="decode step vs estimate; engine vs naive batching")
+    engine.add_argument("--model", required=True, help="model folder")
+    engine.add_argument("--batch-sizes", default="1,2,4,8,16,32,64")
+    engine.add_argument("--context", type=int, default=128, help="context for the step timing")
+    engine.add_argument("--steps", type=int, default=10, help="timed decode steps per batch")
+    engine.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32")
+    engine.add_argument("--device", default="cpu")
+    engine.add_argument("--threads", type=int, default=None)
+    engine.add_argument(
+        "--throughput-batches",
+        default="8,32",
+        help="batch sizes for the mixed-length throughput comparison",
+    )
+    engine.add_argument("--seed", type=int, default=0)
+    engine.add_argument("--json", default=None, help="write results here")
+    engine.set_defaults(handler=_bench_engine)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="mixgate", description="Mixed-workload LLM serving: interactive chat + bulk jobs."
+    )
+    sub = parser.add_subparsers(dest="command", required=True)
+    for add in _SUBCOMMANDS:
+        add(sub)
+    return parser
+
+
+_SUBCOMMANDS: list[Callable[[argparse._SubParsersAction[argparse.ArgumentParser]], None]] = [
+    _add_make_model,
+    _add_bench,
+]
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    handler: Callable[[argparse.Namespace], int] = args.handler
+    return handler(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
