@@ -1,0 +1,50 @@
+"""How one step's token budget is split between the classes (pure: the scheduler applies it).
+
+Order of claim on the budget (DESIGN.md, "Scheduling model"):
+1. decode tokens of running interactive sequences, 2. decode tokens of running bulk
+sequences, 3. interactive prefill chunks, 4. bulk prefill chunks, at most
+`bulk_prefill_chunk_tokens` and only from what is left, except that bulk work that has
+waited past its aging threshold is guaranteed `bulk_min_share` of the budget.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True, slots=True)
+class StepBudgetPlan:
+    # Prefill tokens interactive sequences may take this step.
+    interactive_prefill_limit_tokens: int
+    # Prefill tokens bulk sequences may take this step, if the budget still has them.
+    bulk_prefill_cap_tokens: int
+    # Tokens bulk is guaranteed this step (decodes included); 0 unless bulk is aged.
+    bulk_guaranteed_tokens: int
+
+
+def plan_step_budget(
+    *,
+    step_token_budget: int,
+    interactive_decode_tokens: int,
+    bulk_decode_tokens: int,
+    bulk_prefill_demand_tokens: int,
+    bulk_aged: bool,
+    bulk_prefill_chunk_tokens: int,
+    bulk_min_share: float,
+) -> StepBudgetPlan:
+    """Split what the decodes leave between interactive and bulk prefill."""
+    if step_token_budget < 1:
+        raise ValueError("step_token_budget must be at least 1")
+    left_tokens = max(0, step_token_budget - interactive_decode_tokens - bulk_decode_tokens)
+    guaranteed = math.ceil(bulk_min_share * step_token_budget) if bulk_aged else 0
+    # Bulk decodes already count toward the guarantee; reserve only the prefill it can use.
+    reserved_prefill = min(
+        bulk_prefill_demand_tokens, max(0, guaranteed - bulk_decode_tokens), left_tokens
+    )
+    return StepBudgetPlan(
+        interactive_prefill_limit_tokens=left_tokens - reserved_prefill,
+        # NOTE: an aged bulk backlog may exceed the normal chunk cap by its guarantee.
+        bulk_prefill_cap_tokens=max(bulk_prefill_chunk_tokens, reserved_prefill),
+        bulk_guaranteed_tokens=guaranteed,
+    )
