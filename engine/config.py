@@ -1,0 +1,67 @@
+"""Engine configuration: the knobs the operating envelope sets, plus where the model lives."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True, slots=True)
+class EngineConfig:
+    # At most this many sequences hold KV blocks and take part in steps at once.
+    max_active_seqs: int = 32
+    # Tokens (decode tokens + prefill-chunk tokens) one forward may carry; bounds ITL.
+    step_token_budget: int = 512
+    # Bulk prefill tokens per step at most, taken only from what interactive work left.
+    bulk_prefill_chunk_tokens: int = 128
+    # Once bulk work has waited bulk_aging_s since arrival, it is guaranteed this share.
+    bulk_min_share: float = 0.2
+    bulk_aging_s: float = 5.0
+    # KV cache geometry: tokens per block, and blocks (None: sized from kv_cache_bytes).
+    block_size_tokens: int = 16
+    num_kv_blocks: int | None = None
+    kv_cache_bytes: int = 1 << 30
+    # Longest prompt + output; None: the model's own context length.
+    max_model_len: int | None = None
+    enable_prefix_caching: bool = True
+    # "float32" | "bfloat16" | "float16" | "auto" (the checkpoint's dtype).
+    dtype: str = "float32"
+    # "cpu" | "cuda" | "auto" (cuda when available).
+    device: str = "auto"
+    # torch intra-op threads; None leaves torch's default.
+    num_threads: int | None = None
+    # Seed for requests without their own seed.
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        self._check_scheduling()
+        self._check_cache_and_device()
+
+    def _check_scheduling(self) -> None:
+        if self.max_active_seqs < 1:
+            raise ValueError("max_active_seqs must be at least 1")
+        if self.step_token_budget < self.max_active_seqs:
+            # NOTE: every running sequence's decode token must fit in one step, or a decoding
+            # sequence could be skipped, which the scheduling contract forbids.
+            raise ValueError("step_token_budget must be >= max_active_seqs")
+        if self.bulk_prefill_chunk_tokens < 1:
+            raise ValueError("bulk_prefill_chunk_tokens must be at least 1")
+        if not 0.0 <= self.bulk_min_share < 1.0:
+            raise ValueError("bulk_min_share must be in [0, 1)")
+        if self.bulk_aging_s < 0:
+            raise ValueError("bulk_aging_s must be non-negative")
+
+    def _check_cache_and_device(self) -> None:
+        if self.block_size_tokens < 1:
+            raise ValueError("block_size_tokens must be at least 1")
+        if self.num_kv_blocks is not None and self.num_kv_blocks < 1:
+            raise ValueError("num_kv_blocks must be at least 1")
+        if self.kv_cache_bytes < 1:
+            raise ValueError("kv_cache_bytes must be positive")
+        if self.max_model_len is not None and self.max_model_len < 2:
+            raise ValueError("max_model_len must be at least 2")
+        if self.dtype not in ("float32", "bfloat16", "float16", "auto"):
+            raise ValueError(f"unknown dtype {self.dtype!r}")
+        if self.device not in ("cpu", "cuda", "auto") and not self.device.startswith("cuda:"):
+            raise ValueError(f"unknown device {self.device!r}")
+        if self.num_threads is not None and self.num_threads < 1:
+            raise ValueError("num_threads must be at least 1")

@@ -1,0 +1,71 @@
+"""Rotary position embeddings (Hugging Face's rotate-half layout), with Llama-3 scaling."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import torch
+
+
+def inverse_frequencies(
+    head_dim: int, theta: float, scaling: dict[str, Any] | None
+) -> torch.Tensor:
+    inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.int64).float() / head_dim))
+    if not scaling:
+        return inv_freq
+    rope_type = scaling.get("rope_type", scaling.get("type", "default"))
+    if rope_type == "default":
+        return inv_freq
+    if rope_type == "linear":
+        return inv_freq / float(scaling["factor"])
+    if rope_type == "llama3":
+        return _llama3_scaled(inv_freq, scaling)
+    raise ValueError(f"rope_scaling type {rope_type!r} is not supported (default, linear, llama3)")
+
+
+def _llama3_scaled(inv_freq: torch.Tensor, scaling: dict[str, Any]) -> torch.Tensor:
+    """Llama 3.1's frequency-dependent scaling, as transformers computes it."""
+    factor = float(scaling["factor"])
+    low_freq_factor = float(scaling.get("low_freq_factor", 1.0))
+    high_freq_factor = float(scaling.get("high_freq_factor", 4.0))
+    old_context = float(scaling["original_max_position_embeddings"])
+    low_freq_wavelen = old_context / low_freq_factor
+    high_freq_wavelen = old_context / high_freq_factor
+    wavelen = 2 * math.pi / inv_freq
+    scaled = torch.where(wavelen > low_freq_wavelen, inv_freq / factor, inv_freq)
+    smooth = (old_context / wavelen - low_freq_factor) / (high_freq_factor - low_freq_factor)
+    smoothed = (1 - smooth) * scaled / factor + smooth * scaled
+    medium = (wavelen >= high_freq_wavelen) & (wavelen <= low_freq_wavelen)
+    return torch.where(medium, smoothed, scaled)
+
+
+class RotaryEmbedding(torch.nn.Module):
+    """Precomputed cos/sin tables indexed by each token's absolute position."""
+
+    cos: torch.Tensor
+    sin: torch.Tensor
+
+    def __init__(
+        self, head_dim: int, max_positions: int, theta: float, scaling: dict[str, Any] | None
+    ):
+        super().__init__()
+        inv_freq = inverse_frequencies(head_dim, theta, scaling)
+        positions = torch.arange(max_positions, dtype=torch.float32)
+        freqs = torch.outer(positions, inv_freq)
+        table = torch.cat((freqs, freqs), dim=-1)
+        self.register_buffer("cos", table.cos(), persistent=False)
+        self.register_buffer("sin", table.sin(), persistent=False)
+
+    def forward(
+        self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """q: [T, heads, head_dim], k: [T, kv_heads, head_dim] -> rotated copies."""
+        cos = self.cos[positions].unsqueeze(1).to(q.dtype)
+        sin = self.sin[positions].unsqueeze(1).to(q.dtype)
+        return q * cos + _rotate_half(q) * sin, k * cos + _rotate_half(k) * sin
+
+
+def _rotate_half(x: torch.Tensor) -> torch.Tensor:
+    half = x.shape[-1] // 2
+    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)

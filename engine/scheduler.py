@@ -1,0 +1,306 @@
+"""Class-aware continuous batching: which tokens of which sequences run in the next step.
+
+Each step fills `step_token_budget` with at most `max_active_seqs` running sequences:
+interactive decodes, bulk decodes, interactive prefill chunks (oldest first), then bulk
+prefill chunks capped per step (see policies/step_budget.py for the split). When KV blocks run
+out a sequence is preempted by recompute: bulk first, youngest first; an interactive sequence
+is never preempted to make room for bulk.
+"""
+
+from __future__ import annotations
+
+import bisect
+from collections.abc import Iterator
+
+from engine.block_manager import BlockManager
+from engine.config import EngineConfig
+from engine.scheduler_output import Preemption, ScheduledChunk, SchedulerOutput
+from engine.sequence import Sequence, SequenceStatus
+from policies.request_class import RequestClass
+from policies.step_budget import plan_step_budget
+
+INTERACTIVE, BULK = RequestClass.INTERACTIVE, RequestClass.BULK
+
+
+class _StepState:
+    """Chunks chosen so far in this step; a preempted victim's chunk is taken back."""
+
+    def __init__(self, budget_tokens: int):
+        self.budget_left_tokens = budget_tokens
+        self.chunks: dict[str, ScheduledChunk] = {}
+        self.preemptions: list[Preemption] = []
+
+    def add(self, seq: Sequence, num_tokens: int) -> None:
+        end = seq.num_computed_tokens + num_tokens
+        chunk = ScheduledChunk(seq, seq.num_computed_tokens, num_tokens, end == seq.num_tokens)
+        self.chunks[seq.seq_id] = chunk
+        self.budget_left_tokens -= num_tokens
+
+    def take_back(self, seq: Sequence) -> None:
+        chunk = self.chunks.pop(seq.seq_id, None)
+        if chunk is not None:
+            self.budget_left_tokens += chunk.num_tokens
+
+
+class Scheduler:
+    def __init__(self, config: EngineConfig, block_manager: BlockManager):
+        self.config = config
+        self.blocks = block_manager
+        # Waiting sequences per class, kept sorted by admit order (FCFS; preempted ones
+        # return to their place).
+        self.waiting: dict[RequestClass, list[Sequence]] = {INTERACTIVE: [], BULK: []}
+        self.running: list[Sequence] = []
+        self._next_admit_order = 0
+        self._step_index = 0
+
+    # -- bookkeeping -------------------------------------------------------------------------
+
+    def add(self, seq: Sequence) -> None:
+        seq.admit_order = self._next_admit_order
+        self._next_admit_order += 1
+        seq.status = SequenceStatus.WAITING
+        self.waiting[seq.request_class].append(seq)
+
+    def abort(self, seq_id: str) -> Sequence | None:
+        for seq in self.running:
+            if seq.seq_id == seq_id:
+                self.finish(seq, "abort")
+                return seq
+        for queue in self.waiting.values():
+            for seq in queue:
+                if seq.seq_id == seq_id:
+                    queue.remove(seq)
+                    self._mark_finished(seq, "abort")
+                    return seq
+        return None
+
+    def finish(self, seq: Sequence, reason: str) -> None:
+        self.running.remove(seq)
+        self._mark_finished(seq, reason)
+
+    def _mark_finished(self, seq: Sequence, reason: str) -> None:
+        self.blocks.free(seq)
+        seq.status = SequenceStatus.FINISHED
+        seq.finish_reason = reason
+
+    def has_unfinished(self) -> bool:
+        return bool(self.running or self.waiting[INTERACTIVE] or self.waiting[BULK])
+
+    def num_running(self, request_class: RequestClass) -> int:
+        return sum(1 for s in self.running if s.request_class is request_class)
+
+    def num_waiting(self, request_class: RequestClass) -> int:
+        return len(self.waiting[request_class])
+
+    # -- the step ----------------------------------------------------------------------------
+
+    def schedule(self, now_s: float) -> SchedulerOutput:
+        state = _StepState(self.config.step_token_budget)
+        for request_class in (INTERACTIVE, BULK):
+            for seq in self._running(request_class, decoding=True):
+                if seq.status is SequenceStatus.RUNNING and self._reserve_running(seq, 1, state):
+                    state.add(seq, 1)
+
+        bulk_aged = self._bulk_aged(now_s)
+        plan = plan_step_budget(
+            step_token_budget=self.config.step_token_budget,
+            interactive_decode_tokens=_tokens(state, INTERACTIVE),
+            bulk_decode_tokens=_tokens(state, BULK),
+            bulk_prefill_demand_tokens=self._bulk_prefill_demand_tokens(),
+            bulk_aged=bulk_aged,
+            bulk_prefill_chunk_tokens=self.config.bulk_prefill_chunk_tokens,
+            bulk_min_share=self.config.bulk_min_share,
+        )
+        self._schedule_prefills(
+            INTERACTIVE, plan.interactive_prefill_limit_tokens, state, now_s, bulk_aged
+        )
+        self._schedule_prefills(BULK, plan.bulk_prefill_cap_tokens, state, now_s, bulk_aged)
+
+        chunks = sorted(state.chunks.values(), key=lambda c: not c.is_decode)
+        output = SchedulerOutput(
+            step_index=self._step_index,
+            chunks=tuple(chunks),
+            preemptions=tuple(state.preemptions),
+            bulk_guaranteed_tokens=plan.bulk_guaranteed_tokens,
+            tokens_by_kind=_tokens_by_kind(chunks),
+        )
+        self._step_index += 1
+        self._check_step(output)
+        return output
+
+    def update(self, output: SchedulerOutput, sampled: dict[str, int], now_s: float) -> None:
+        """Advance computed tokens, register full blocks, append sampled tokens."""
+        for chunk in output.chunks:
+            seq = chunk.seq
+            if seq.status is not SequenceStatus.RUNNING:
+                continue  # aborted between schedule and update
+            seq.num_computed_tokens = chunk.end_pos
+            self.blocks.register_computed_blocks(seq)
+            if chunk.samples:
+                seq.token_ids.append(sampled[seq.seq_id])
+                if seq.metrics.first_token_s is None:
+                    seq.metrics.first_token_s = now_s
+                seq.metrics.token_times_s.append(now_s)
+
+    # -- prefill -----------------------------------------------------------------------------
+
+    def _schedule_prefills(
+        self,
+        request_class: RequestClass,
+        limit_tokens: int,
+        state: _StepState,
+        now_s: float,
+        bulk_aged: bool,
+    ) -> None:
+        tokens_left = min(limit_tokens, state.budget_left_tokens)
+        for seq in self._running(request_class, decoding=False):
+            if tokens_left <= 0:
+                return
+            if seq.status is not SequenceStatus.RUNNING or seq.seq_id in state.chunks:
+                continue
+            num = self._fit_chunk(seq, min(seq.num_uncomputed_tokens, tokens_left))
+            if num == 0 and self._reserve_running(seq, 1, state):
+                num = 1  # memory is full: preemption made room for at least one token
+            if num > 0:
+                state.add(seq, num)
+                tokens_left -= num
+        queue = self.waiting[request_class]
+        while queue and tokens_left > 0:
+            num = self._admit(queue[0], state, bulk_aged, tokens_left)
+            if num == 0:
+                return
+            seq = queue.pop(0)
+            seq.status = SequenceStatus.RUNNING
+            self.running.append(seq)
+            if seq.metrics.first_scheduled_s is None:
+                seq.metrics.first_scheduled_s = now_s
+                seq.metrics.num_cached_prompt_tokens = seq.num_computed_tokens
+            state.add(seq, num)
+            tokens_left -= num
+            tokens_left = min(tokens_left, state.budget_left_tokens)
+
+    def _admit(self, seq: Sequence, state: _StepState, bulk_aged: bool, max_tokens: int) -> int:
+        """Give a waiting sequence a slot and blocks for its next chunk; 0 leaves it waiting."""
+        interactive = seq.request_class is INTERACTIVE
+        # Interactive admission may preempt bulk, unless bulk has aged (then it keeps its
+        # place, and the last free slot is left for it).
+        may_preempt_bulk = interactive and not bulk_aged
+        leave_slot_for_bulk = interactive and bulk_aged and bool(self.waiting[BULK])
+        if leave_slot_for_bulk and len(self.running) >= self.config.max_active_seqs - 1:
+            return 0
+        while len(self.running) >= self.config.max_active_seqs:
+            if not (may_preempt_bulk and self._preempt_youngest(BULK, None, state, INTERACTIVE)):
+                return 0
+        if not seq.block_table:
+            self.blocks.match_prefix(seq)
+        num = min(seq.num_uncomputed_tokens, max_tokens)
+        while self.blocks.allocate_slots(seq, num) is None:
+            if not (may_preempt_bulk and self._preempt_youngest(BULK, None, state, INTERACTIVE)):
+                self.blocks.free(seq)  # undo the prefix match; it stays waiting
+                return 0
+        return num
+
+    def _fit_chunk(self, seq: Sequence, wanted: int) -> int:
+        """The largest chunk up to `wanted` that the free blocks cover without preemption."""
+        free_slots = (len(seq.block_table) + self.blocks.num_free_blocks) * self.blocks.block_size
+        num = max(0, min(wanted, free_slots - seq.num_computed_tokens))
+        if num and self.blocks.allocate_slots(seq, num) is None:
+            raise RuntimeError("free-block arithmetic disagrees with the block manager")
+        return num
+
+    # -- preemption --------------------------------------------------------------------------
+
+    def _reserve_running(self, seq: Sequence, num_tokens: int, state: _StepState) -> bool:
+        """Blocks for a running sequence, preempting if needed; False if it preempted itself."""
+        while self.blocks.allocate_slots(seq, num_tokens) is None:
+            if self._preempt_youngest(BULK, seq, state, seq.request_class):
+                continue
+            if seq.request_class is INTERACTIVE and self._preempt_youngest(
+                INTERACTIVE, seq, state, INTERACTIVE
+            ):
+                continue
+            self._preempt(seq, state, seq.request_class)
+            return False
+        return True
+
+    def _preempt_youngest(
+        self,
+        victim_class: RequestClass,
+        for_seq: Sequence | None,
+        state: _StepState,
+        beneficiary: RequestClass,
+    ) -> bool:
+        """Preempt the youngest running sequence of a class (younger than `for_seq` if given)."""
+        if victim_class is INTERACTIVE and beneficiary is BULK:
+            raise RuntimeError("an interactive sequence is never preempted for bulk")
+        candidates = [
+            s
+            for s in self.running
+            if s.request_class is victim_class
+            and s is not for_seq
+            and (
+                for_seq is None
+                or s.request_class is not for_seq.request_class
+                or s.admit_order > for_seq.admit_order
+            )
+        ]
+        if not candidates:
+            return False
+        self._preempt(max(candidates, key=lambda s: s.admit_order), state, beneficiary)
+        return True
+
+    def _preempt(self, seq: Sequence, state: _StepState, beneficiary: RequestClass) -> None:
+        state.take_back(seq)
+        self.running.remove(seq)
+        self.blocks.free(seq)
+        seq.status = SequenceStatus.WAITING
+        seq.metrics.num_preemptions += 1
+        queue = self.waiting[seq.request_class]
+        queue.insert(bisect.bisect([s.admit_order for s in queue], seq.admit_order), seq)
+        state.preemptions.append(Preemption(seq.seq_id, seq.request_class, beneficiary))
+
+    # -- helpers -----------------------------------------------------------------------------
+
+    def _running(self, request_class: RequestClass, *, decoding: bool) -> Iterator[Sequence]:
+        matching = [
+            s
+            for s in self.running
+            if s.request_class is request_class and s.is_decoding == decoding
+        ]
+        yield from sorted(matching, key=lambda s: s.admit_order)
+
+    def _bulk_aged(self, now_s: float) -> bool:
+        """Bulk prefill work that has waited past the aging threshold since it arrived."""
+        threshold_s = now_s - self.config.bulk_aging_s
+        pending = [s for s in self.running if s.request_class is BULK and not s.is_decoding]
+        pending += self.waiting[BULK]
+        return any(s.arrival_s <= threshold_s for s in pending)
+
+    def _bulk_prefill_demand_tokens(self) -> int:
+        running = [s for s in self.running if s.request_class is BULK and not s.is_decoding]
+        return sum(s.num_uncomputed_tokens for s in running + self.waiting[BULK])
+
+    def _check_step(self, output: SchedulerOutput) -> None:
+        if output.num_scheduled_tokens > self.config.step_token_budget:
+            raise RuntimeError("scheduled tokens exceed the step budget")
+        if len(self.running) > self.config.max_active_seqs:
+            raise RuntimeError("running sequences exceed max_active_seqs")
+        block_size = self.blocks.block_size
+        for chunk in output.chunks:
+            seq = chunk.seq
+            if seq.status is not SequenceStatus.RUNNING:
+                raise RuntimeError(f"scheduled sequence {seq.seq_id} is not running")
+            if len(seq.block_table) * block_size < chunk.end_pos:
+                raise RuntimeError(f"sequence {seq.seq_id} lacks blocks for its chunk")
+
+
+def _tokens(state: _StepState, request_class: RequestClass) -> int:
+    return sum(c.num_tokens for c in state.chunks.values() if c.seq.request_class is request_class)
+
+
+def _tokens_by_kind(chunks: list[ScheduledChunk]) -> dict[tuple[RequestClass, str], int]:
+    totals: dict[tuple[RequestClass, str], int] = {}
+    for chunk in chunks:
+        key = (chunk.seq.request_class, "decode" if chunk.is_decode else "prefill")
+        totals[key] = totals.get(key, 0) + chunk.num_tokens
+    return totals

@@ -1,0 +1,79 @@
+"""Per-step records and the rolling rates admission reads from them."""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass
+
+from policies.request_class import RequestClass
+
+
+@dataclass(frozen=True, slots=True)
+class StepRecord:
+    step_index: int
+    started_s: float
+    duration_s: float
+    # Tokens scheduled by (class, "prefill" | "decode").
+    tokens_by_kind: dict[tuple[RequestClass, str], int]
+    running_by_class: dict[RequestClass, int]
+    waiting_by_class: dict[RequestClass, int]
+    kv_usage: float
+    num_preemptions: int
+
+    @property
+    def num_tokens(self) -> int:
+        return sum(self.tokens_by_kind.values())
+
+    def tokens_of(self, kind: str) -> int:
+        return sum(n for (_, k), n in self.tokens_by_kind.items() if k == kind)
+
+
+@dataclass(frozen=True, slots=True)
+class LoadSnapshot:
+    """What admission and the dispatcher need to know about the engine, at one moment."""
+
+    running_by_class: dict[RequestClass, int]
+    waiting_by_class: dict[RequestClass, int]
+    kv_usage: float
+    num_free_blocks: int
+    recent_step_s: float | None
+    # Throughput over the recent window (None until steps of that kind were measured).
+    prefill_tokens_per_s: float | None
+    decode_tokens_per_s: float | None
+    total_preemptions: int
+    steps: int
+
+
+class StepHistory:
+    """The last `capacity` steps, and throughput rates over them."""
+
+    def __init__(self, capacity: int = 256):
+        self.records: deque[StepRecord] = deque(maxlen=capacity)
+        self.total_preemptions = 0
+        self.total_steps = 0
+
+    def add(self, record: StepRecord) -> None:
+        self.records.append(record)
+        self.total_preemptions += record.num_preemptions
+        self.total_steps += 1
+
+    def recent_step_s(self, window: int = 16) -> float | None:
+        recent = list(self.records)[-window:]
+        if not recent:
+            return None
+        durations = sorted(r.duration_s for r in recent)
+        return durations[len(durations) // 2]
+
+    def rate_tokens_per_s(self, kind: str) -> float | None:
+        """Tokens of a kind per second of the steps that carried them.
+
+        NOTE: a mixed step's time is charged to both kinds, so each rate is a lower bound of
+        what that kind alone would get; admission errs on the side of rejecting.
+        """
+        tokens = seconds = 0.0
+        for record in self.records:
+            count = record.tokens_of(kind)
+            if count:
+                tokens += count
+                seconds += record.duration_s
+        return tokens / seconds if seconds > 0 else None
