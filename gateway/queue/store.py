@@ -1,0 +1,265 @@
+"""`QueueStore`: the gateway's job queue in Redis, one method per atomic Lua script.
+
+The store is deliberately thin: every state change is one script (`scripts/*.lua`), so it is
+atomic across replicas, and every policy decision (is the deadline feasible, how long a lease
+is, which classes have free slots, what the aging offsets are) is the caller's, passed in.
+Clocks are passed in too (`now_ms`), never read here or in Lua, so tests control time.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from importlib import resources
+from typing import Any
+
+from redis.asyncio import Redis
+from redis.commands.core import AsyncScript
+
+from gateway.queue.job import COMPLETION_STATUSES, JobRecord, JobStatus, NewJob
+from gateway.queue.keys import Keys
+from gateway.queue.results import (
+    AdmitResult,
+    AdmitStatus,
+    ClaimedJob,
+    ClaimResult,
+    QueueDepth,
+    ReclaimResult,
+)
+from policies.request_class import RequestClass
+
+# What redis-py accepts as a script argument.
+_Arg = str | int
+
+_SCRIPTS = (
+    "admit",
+    "claim",
+    "renew",
+    "complete",
+    "reclaim",
+    "cancel",
+    "mark_tokens_sent",
+    "list_page",
+)
+
+
+def _load_script(name: str) -> str:
+    # importlib.resources finds the files inside an installed wheel as well as in a checkout.
+    return resources.files("gateway.queue").joinpath("scripts", f"{name}.lua").read_text()
+
+
+def _text(value: Any) -> str:
+    # The store works with clients made with or without decode_responses=True.
+    return value.decode() if isinstance(value, bytes) else str(value)
+
+
+def _ids(values: Sequence[Any]) -> tuple[str, ...]:
+    return tuple(_text(v) for v in values)
+
+
+def _pairs(flat: Sequence[Any]) -> dict[str, str]:
+    # Lua scripts run with RESP2, so HGETALL inside a script comes back as a flat list.
+    return {_text(flat[i]): _text(flat[i + 1]) for i in range(0, len(flat), 2)}
+
+
+class QueueStore:
+    """Per-class pending queues, leases with fencing tokens, cancellation and job records."""
+
+    def __init__(
+        self,
+        redis: Redis,
+        keys: Keys | None = None,
+        *,
+        cancel_flag_ttl_ms: int = 3_600_000,
+        wake_max: int = 256,
+        claim_scan_max: int = 64,
+    ) -> None:
+        if cancel_flag_ttl_ms < 1:
+            raise ValueError(f"cancel_flag_ttl_ms must be >= 1, got {cancel_flag_ttl_ms}")
+        if wake_max < 1:
+            raise ValueError(f"wake_max must be >= 1, got {wake_max}")
+        if claim_scan_max < 1:
+            raise ValueError(f"claim_scan_max must be >= 1, got {claim_scan_max}")
+        self._redis = redis
+        self.keys = keys if keys is not None else Keys()
+        # Long enough to outlive any lease: reclaim reads the flag to cancel instead of retry.
+        self._cancel_flag_ttl_ms = cancel_flag_ttl_ms
+        # How many wake-up markers may pile up while no dispatcher is idle.
+        self._wake_max = wake_max
+        # How many queue heads one claim may drop (expired) before it returns to the caller.
+        self._claim_scan_max = claim_scan_max
+        self._scripts: dict[str, AsyncScript] = {
+            name: redis.register_script(_load_script(name)) for name in _SCRIPTS
+        }
+
+    async def admit(self, job: NewJob) -> AdmitResult:
+        """Enqueue unless the id exists or the class queue is at `job.queue_limit`."""
+        k = self.keys
+        keys = [
+            k.job(job.job_id),
+            k.pending(job.request_class),
+            k.queued_tokens(job.request_class),
+            k.tenant_jobs(job.tenant),
+            k.wake,
+        ]
+        args: list[_Arg] = [
+            job.job_id,
+            job.tenant,
+            job.request_class.value,
+            job.request_json,
+            job.enqueue_ms,
+            job.deadline_ms or 0,
+            job.cost_tokens,
+            job.max_attempts,
+            job.custom_id or "",
+            job.metadata_json,
+            job.queue_limit,
+            self._wake_max,
+        ]
+        status, depth = await self._scripts["admit"](keys=keys, args=args)
+        return AdmitResult(status=AdmitStatus(_text(status)), depth=int(depth))
+
+    async def claim(
+        self,
+        classes: Sequence[RequestClass],
+        now_ms: int,
+        lease_ms: int,
+        replica_id: str,
+        class_offsets_ms: Mapping[RequestClass, int],
+    ) -> ClaimResult:
+        """Lease the oldest job by aged score among `classes` (those with free slots)."""
+        if lease_ms < 1:
+            raise ValueError(f"lease_ms must be >= 1, got {lease_ms}")
+        if not replica_id:
+            raise ValueError("replica_id must be non-empty")
+        # Enum order makes ties deterministic: interactive wins an exact tie with bulk.
+        asked = [c for c in RequestClass if c in classes]
+        if not asked:
+            return ClaimResult(claimed=None)
+        missing = [c.value for c in asked if c not in class_offsets_ms]
+        if missing:
+            raise ValueError(f"class_offsets_ms has no offset for {missing}")
+        keys = [self.keys.inflight, self.keys.fence]
+        args: list[_Arg] = [
+            self.keys.prefix,
+            now_ms,
+            lease_ms,
+            replica_id,
+            self._claim_scan_max,
+        ]
+        for c in asked:
+            keys += [self.keys.pending(c), self.keys.queued_tokens(c)]
+            args += [c.value, class_offsets_ms[c]]
+        job_id, token, expiry_ms, fields, expired = await self._scripts["claim"](
+            keys=keys, args=args
+        )
+        claimed = None
+        if _text(job_id):
+            claimed = ClaimedJob(
+                job=JobRecord.from_hash(_pairs(fields)),
+                lease_token=int(token),
+                lease_expiry_ms=int(expiry_ms),
+            )
+        return ClaimResult(claimed=claimed, expired_ids=_ids(expired))
+
+    async def renew(self, job_id: str, token: int, now_ms: int, lease_ms: int) -> bool:
+        """Extend the lease to now_ms + lease_ms; False means stop: the job is not ours."""
+        keys = [self.keys.job(job_id), self.keys.inflight]
+        reply = await self._scripts["renew"](keys=keys, args=[job_id, token, now_ms, lease_ms])
+        return _text(reply) == "ok"
+
+    async def complete(
+        self,
+        job_id: str,
+        token: int,
+        status: JobStatus,
+        result_json: str | None,
+        error_json: str | None,
+        now_ms: int,
+    ) -> bool:
+        """Finish a job we hold; False when the lease is no longer ours (nothing written)."""
+        if status not in COMPLETION_STATUSES:
+            raise ValueError(f"a job is completed as one of {sorted(COMPLETION_STATUSES)}")
+        keys = [self.keys.job(job_id), self.keys.inflight, self.keys.cancel(job_id)]
+        args: list[_Arg] = [
+            job_id,
+            token,
+            status.value,
+            result_json or "",
+            error_json or "",
+            now_ms,
+        ]
+        reply = await self._scripts["complete"](keys=keys, args=args)
+        return _text(reply) == "ok"
+
+    async def reclaim(self, now_ms: int, limit: int = 100) -> ReclaimResult:
+        """Deal with up to `limit` lapsed leases (any replica may run this sweep)."""
+        if limit < 1:
+            raise ValueError(f"limit must be >= 1, got {limit}")
+        keys = [self.keys.inflight, self.keys.wake]
+        args: list[_Arg] = [self.keys.prefix, now_ms, limit, self._wake_max]
+        requeued, failed, cancelled = await self._scripts["reclaim"](keys=keys, args=args)
+        return ReclaimResult(
+            requeued_ids=_ids(requeued), failed_ids=_ids(failed), cancelled_ids=_ids(cancelled)
+        )
+
+    async def cancel(self, job_id: str, tenant: str, now_ms: int) -> str:
+        """'cancelled' | 'cancelling' | the terminal status it already had | 'not_found'."""
+        keys = [self.keys.job(job_id), self.keys.cancel(job_id)]
+        args: list[_Arg] = [
+            job_id,
+            tenant,
+            now_ms,
+            self._cancel_flag_ttl_ms,
+            self.keys.prefix,
+            self.keys.cancel_channel,
+        ]
+        return _text(await self._scripts["cancel"](keys=keys, args=args))
+
+    async def get_job(self, job_id: str, tenant: str) -> JobRecord | None:
+        """The job, or None when it is unknown or belongs to another tenant."""
+        raw = await self._redis.hgetall(self.keys.job(job_id))
+        if not raw:
+            return None
+        job = JobRecord.from_hash(raw)
+        return job if job.tenant == tenant else None
+
+    async def list_jobs(self, tenant: str, limit: int, after: str | None) -> list[JobRecord]:
+        """The tenant's jobs, newest first; pass the last id of a page as `after` for the next."""
+        if limit < 1:
+            raise ValueError(f"limit must be >= 1, got {limit}")
+        ids = await self._scripts["list_page"](
+            keys=[self.keys.tenant_jobs(tenant)], args=[after or "", limit]
+        )
+        if not ids:
+            return []
+        pipe = self._redis.pipeline(transaction=False)
+        for job_id in ids:
+            pipe.hgetall(self.keys.job(_text(job_id)))
+        hashes = await pipe.execute()
+        # A hash may be gone (retention) while the listing entry remains: skip it.
+        return [JobRecord.from_hash(h) for h in hashes if h]
+
+    async def depths(self) -> dict[RequestClass, QueueDepth]:
+        """Jobs and queued tokens per class, read in one round trip."""
+        pipe = self._redis.pipeline(transaction=False)
+        for c in RequestClass:
+            pipe.zcard(self.keys.pending(c))
+            pipe.get(self.keys.queued_tokens(c))
+        replies = await pipe.execute()
+        return {
+            c: QueueDepth(jobs=int(replies[2 * i]), queued_tokens=int(replies[2 * i + 1] or 0))
+            for i, c in enumerate(RequestClass)
+        }
+
+    async def mark_tokens_sent(self, job_id: str) -> bool:
+        """Record the first streamed token; False when the job does not exist."""
+        reply = await self._scripts["mark_tokens_sent"](keys=[self.keys.job(job_id)])
+        return int(reply) == 1
+
+    async def wait_for_work(self, timeout_s: float) -> bool:
+        """Block until admit or reclaim signals new work, or timeout; True when woken."""
+        # BZPOPMIN reads 0 as "forever": an idle loop must still come back to reclaim leases.
+        if timeout_s <= 0:
+            raise ValueError(f"timeout_s must be > 0, got {timeout_s}")
+        reply = await self._redis.bzpopmin([self.keys.wake], timeout=timeout_s)
+        return reply is not None
