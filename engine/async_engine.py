@@ -74,7 +74,8 @@ class AsyncEngine:
 
     async def generate(self, request: GenerationRequest) -> AsyncIterator[RequestOutput]:
         """Yield the request's deltas; the last one has `finished` set."""
-        if self._error is not None or self._loop is None:
+        # NOTE: after stop() the thread is gone; a request queued now would wait forever.
+        if self._error is not None or self._loop is None or self._stopping:
             raise EngineDeadError("the engine is not running") from self._error
         self.engine.validate(request)
         if request.request_id in self._streams:
@@ -115,6 +116,8 @@ class AsyncEngine:
                 self._snapshot = self.engine.load()
                 if outputs:
                     self._post(outputs)
+            # Stopped with requests in flight: their consumers must not wait forever.
+            self._post_error(EngineDeadError("the engine stopped before the request finished"))
         except BaseException as error:  # noqa: BLE001 - every stream must hear of it
             self._error = error
             self._post_error(EngineDeadError(f"engine step failed: {error!r}"))
