@@ -1,0 +1,298 @@
+"""The chat completion request body (OpenAI's fields that mixgate honours, plus two extensions).
+
+Models are strict: ``"max_tokens": "5"`` is a type error as in OpenAI's API, not a silent cast.
+Unknown fields are rejected ("Unrecognized request argument supplied"), as OpenAI does, so a
+typo such as ``max_token`` is a 400 rather than a request that runs with the default. Fields that
+OpenAI defines but mixgate cannot honour accept only their neutral value (``n=1``, zero
+penalties, ``logprobs=false``, no tools) and reject anything else, never ignore it.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Final, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+__all__ = [
+    "MAX_STOP_STRING_CHARS",
+    "MAX_STOP_STRINGS",
+    "ChatCompletionRequest",
+    "ChatMessage",
+    "ParamError",
+    "ResponseFormat",
+    "StreamOptions",
+    "TextPart",
+    "check_metadata",
+    "effective_max_tokens",
+    "include_usage",
+    "messages_as_dicts",
+    "stop_list",
+]
+
+# OpenAI's limit; the engine allows more, but a client written against OpenAI never needs it.
+MAX_STOP_STRINGS: Final = 4
+# The engine searches the tail of the output for each stop string every token.
+MAX_STOP_STRING_CHARS: Final = 256
+# OpenAI's metadata bounds.
+MAX_METADATA_KEYS: Final = 16
+MAX_METADATA_KEY_CHARS: Final = 64
+MAX_METADATA_VALUE_CHARS: Final = 512
+# NOTE: token counts travel through Redis Lua scripts, whose numbers are doubles; keeping them
+# within int32 keeps every sum exact. The envelope's real output limit is far lower (413).
+MAX_TOKENS_BOUND: Final = 2**31 - 1
+# The engine's per-request seed is a non-negative 63-bit integer.
+MAX_SEED: Final = 2**63 - 1
+
+
+class ParamError(ValueError):
+    """A validation failure that knows which field it is about.
+
+    Pydantic reports errors from model-level validators at the model's location; raising this
+    lets the 400 still name the field (``param``) and a specific ``code``.
+    """
+
+    def __init__(self, message: str, param: str | None = None, code: str = "invalid_value"):
+        super().__init__(message)
+        self.param = param
+        self.code = code
+
+
+def _short(value: Any, limit_chars: int = 40) -> str:
+    # Client values in messages are shortened: an error should never echo a megabyte back.
+    text = repr(value)
+    return text if len(text) <= limit_chars else text[: limit_chars - 3] + "..."
+
+
+def _unsupported(param: str, why: str = "") -> ParamError:
+    return ParamError(
+        f"'{param}' is not supported by this server{why}.", param, "unsupported_parameter"
+    )
+
+
+_MODEL_CONFIG: Final = ConfigDict(
+    extra="forbid",
+    strict=True,
+    frozen=True,
+    allow_inf_nan=False,
+    use_attribute_docstrings=True,
+)
+
+
+class TextPart(BaseModel):
+    """A content part; mixgate serves text models, so text is the only kind."""
+
+    model_config = _MODEL_CONFIG
+
+    type: Literal["text"]
+    text: str
+
+    @field_validator("type", mode="before")
+    @classmethod
+    def _only_text(cls, value: Any) -> Any:
+        if value != "text":
+            raise ParamError(
+                f"Content parts of type {_short(value)} are not supported; only 'text' is.",
+                code="unsupported_value",
+            )
+        return value
+
+
+class ChatMessage(BaseModel):
+    model_config = _MODEL_CONFIG
+
+    role: Literal["system", "user", "assistant", "developer", "tool"]
+    content: str | Annotated[list[TextPart], Field(min_length=1)]
+    """The text, or a list of text parts (joined with newlines for the chat template)."""
+    name: Annotated[str, Field(min_length=1, max_length=64)] | None = None
+
+
+class StreamOptions(BaseModel):
+    model_config = _MODEL_CONFIG
+
+    include_usage: bool | None = None
+    """Send a last chunk with empty `choices` and the request's token usage."""
+
+
+class ResponseFormat(BaseModel):
+    model_config = _MODEL_CONFIG
+
+    type: Literal["text"]
+
+
+_StopString = Annotated[str, Field(min_length=1, max_length=MAX_STOP_STRING_CHARS)]
+_StopList = Annotated[list[_StopString], Field(max_length=MAX_STOP_STRINGS)]
+
+
+def check_metadata(metadata: dict[str, str] | None) -> dict[str, str] | None:
+    """OpenAI's bounds, so that metadata stored with a job stays small and predictable."""
+    if metadata is None:
+        return None
+    if len(metadata) > MAX_METADATA_KEYS:
+        raise ParamError(f"metadata may have at most {MAX_METADATA_KEYS} keys.")
+    for key, value in metadata.items():
+        if len(key) > MAX_METADATA_KEY_CHARS:
+            raise ParamError(f"metadata keys may be at most {MAX_METADATA_KEY_CHARS} characters.")
+        if len(value) > MAX_METADATA_VALUE_CHARS:
+            raise ParamError(
+                f"metadata values may be at most {MAX_METADATA_VALUE_CHARS} characters."
+            )
+    return metadata
+
+
+class ChatCompletionRequest(BaseModel):
+    """POST /v1/chat/completions."""
+
+    model_config = _MODEL_CONFIG
+
+    model: Annotated[str, Field(min_length=1, max_length=256)]
+    messages: Annotated[list[ChatMessage], Field(min_length=1)]
+    stream: bool = False
+    stream_options: StreamOptions | None = None
+    max_tokens: Annotated[int, Field(ge=1, le=MAX_TOKENS_BOUND)] | None = None
+    """OpenAI's deprecated alias of `max_completion_tokens`; if both are given, equal."""
+    max_completion_tokens: Annotated[int, Field(ge=1, le=MAX_TOKENS_BOUND)] | None = None
+    temperature: Annotated[float, Field(ge=0.0, le=2.0)] | None = None
+    top_p: Annotated[float, Field(gt=0.0, le=1.0)] | None = None
+    top_k: int | None = None
+    """mixgate/vLLM extension: keep the k most likely tokens; -1 keeps all."""
+    seed: Annotated[int, Field(ge=0, le=MAX_SEED)] | None = None
+    stop: _StopString | _StopList | None = None
+    """A string, or up to 4 non-empty strings, that end generation (not part of the output)."""
+    n: int | None = None
+    """Only 1: one choice per request."""
+    service_tier: Literal["auto", "default", "flex", "priority"] | None = None
+    """`flex` runs the request in the bulk class, `priority` in the interactive class."""
+    presence_penalty: float | None = None
+    """Only 0 (not supported otherwise)."""
+    frequency_penalty: float | None = None
+    """Only 0 (not supported otherwise)."""
+    logprobs: bool | None = None
+    """Only false (not supported otherwise)."""
+    user: Annotated[str, Field(max_length=256)] | None = None
+    metadata: dict[str, str] | None = None
+    """At most 16 keys of at most 64 characters, values of at most 512 characters."""
+    response_format: ResponseFormat | None = None
+    """Only `{"type": "text"}`."""
+    tools: Any = None
+    """Not supported (only absent, null or empty)."""
+    tool_choice: Any = None
+    """Not supported (only absent, null or "none")."""
+    ignore_eos: bool = False
+    """mixgate/vLLM extension: keep generating past the end-of-sequence token."""
+
+    @field_validator("stream", "ignore_eos", mode="before")
+    @classmethod
+    def _null_is_false(cls, value: Any) -> Any:
+        # OpenAI's schema makes these nullable; null means the default.
+        return False if value is None else value
+
+    @field_validator("n")
+    @classmethod
+    def _one_choice(cls, value: int | None) -> int | None:
+        if value is not None and value != 1:
+            raise ParamError(
+                "Only n=1 is supported: this server returns one choice per request.",
+                code="unsupported_value",
+            )
+        return value
+
+    @field_validator("presence_penalty", "frequency_penalty", "logprobs")
+    @classmethod
+    def _neutral_only(cls, value: float | bool | None) -> float | bool | None:
+        if value:  # 0, 0.0, False and None are the neutral values
+            raise ParamError(
+                "Only the neutral value (0 or false) is supported.", code="unsupported_value"
+            )
+        return value
+
+    @field_validator("top_k")
+    @classmethod
+    def _top_k_range(cls, value: int | None) -> int | None:
+        if value is not None and value != -1 and value < 1:
+            raise ParamError("top_k must be -1 (keep all tokens) or at least 1.")
+        return value
+
+    @field_validator("metadata")
+    @classmethod
+    def _metadata_bounds(cls, value: dict[str, str] | None) -> dict[str, str] | None:
+        return check_metadata(value)
+
+    @field_validator("response_format", mode="before")
+    @classmethod
+    def _text_format_only(cls, value: Any) -> Any:
+        if isinstance(value, dict) and value.get("type") not in (None, "text"):
+            raise ParamError(
+                f"response_format type {_short(value.get('type'))} is not supported; "
+                "only 'text' is.",
+                code="unsupported_value",
+            )
+        return value
+
+    @model_validator(mode="after")
+    def _cross_field(self) -> ChatCompletionRequest:
+        if self.tools not in (None, [], {}):
+            raise _unsupported("tools", ": mixgate serves plain text completions")
+        if self.tool_choice not in (None, "none"):
+            raise _unsupported("tool_choice", ": mixgate serves plain text completions")
+        if (
+            self.max_tokens is not None
+            and self.max_completion_tokens is not None
+            and self.max_tokens != self.max_completion_tokens
+        ):
+            # NOTE: rejected rather than one silently winning: a client sending both with
+            # different values has a bug, and guessing wrong changes cost and latency.
+            raise ParamError(
+                "max_tokens and max_completion_tokens disagree; send only "
+                "max_completion_tokens (max_tokens is its deprecated alias).",
+                param="max_tokens",
+            )
+        if self.stream_options is not None and not self.stream:
+            raise ParamError(
+                "The 'stream_options' parameter is only allowed when 'stream' is enabled.",
+                param="stream_options",
+            )
+        return self
+
+
+# ---- what the rest of the gateway reads from a request ---------------------------------------
+
+
+def messages_as_dicts(req: ChatCompletionRequest) -> list[dict[str, str]]:
+    """The messages as the chat template expects them: ``{"role", "content"[, "name"]}``.
+
+    Text parts are joined with newlines, as vLLM does, so a list of parts and the same text as
+    one string give the same prompt.
+    """
+    result: list[dict[str, str]] = []
+    for message in req.messages:
+        if isinstance(message.content, str):
+            content = message.content
+        else:
+            content = "\n".join(part.text for part in message.content)
+        entry = {"role": message.role, "content": content}
+        if message.name is not None:
+            entry["name"] = message.name
+        result.append(entry)
+    return result
+
+
+def stop_list(req: ChatCompletionRequest) -> tuple[str, ...]:
+    if req.stop is None:
+        return ()
+    if isinstance(req.stop, str):
+        return (req.stop,)
+    return tuple(req.stop)
+
+
+def effective_max_tokens(req: ChatCompletionRequest, default: int) -> int:
+    """The output limit asked for, or the server's default when the client gave none."""
+    if req.max_completion_tokens is not None:
+        return req.max_completion_tokens
+    if req.max_tokens is not None:
+        return req.max_tokens
+    return default
+
+
+def include_usage(req: ChatCompletionRequest) -> bool:
+    """Whether a stream ends with a usage chunk (``stream_options.include_usage``)."""
+    return bool(req.stream_options is not None and req.stream_options.include_usage)
