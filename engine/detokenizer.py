@@ -14,6 +14,10 @@ from typing import Protocol
 __all__ = ["DetokenizerDelta", "IncrementalDetokenizer", "SupportsDecode"]
 
 _REPLACEMENT_CHAR = "\ufffd"
+# NOTE: a UTF-8 character is at most 4 bytes; a U+FFFD still there after 4 pending tokens is
+# an invalid byte, not an unfinished character, and holding it back would stall the stream
+# until the end (a random-weight model emits such bytes all the time).
+_MAX_CHAR_TOKENS = 4
 # Prompt ids decoded as left context of the first output token (vLLM uses the same 5), so the
 # first token's leading space survives decoders that strip it at the start of a text.
 _PROMPT_CONTEXT_TOKENS = 5
@@ -102,7 +106,8 @@ class IncrementalDetokenizer:
         full_text = decode(self._ids[self._prefix_offset :], skip)
         if len(full_text) <= len(prefix_text):
             return ""  # e.g. a skipped special token: nothing visible yet
-        if full_text.endswith(_REPLACEMENT_CHAR) and not final:
+        pending_ids = len(self._ids) - self._read_offset
+        if full_text.endswith(_REPLACEMENT_CHAR) and not final and pending_ids < _MAX_CHAR_TOKENS:
             return ""  # keep the window open until the character completes
         self._prefix_offset, self._read_offset = self._read_offset, len(self._ids)
         return full_text[len(prefix_text) :]

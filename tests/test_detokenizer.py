@@ -152,3 +152,14 @@ def test_prompt_context_keeps_leading_space() -> None:
 def test_empty_stop_string_rejected(tok: Tokenizer) -> None:
     with pytest.raises(ValueError, match="non-empty"):
         IncrementalDetokenizer(tok, PROMPT, stop=("",))
+
+
+def test_invalid_bytes_do_not_stall_the_stream(tok: Tokenizer) -> None:
+    # 0xFF never starts a UTF-8 character: after at most 4 pending tokens it must be emitted
+    # (as U+FFFD) instead of being held back until the end of the output.
+    detok = IncrementalDetokenizer(tok, [])
+    emitted = [detok.add_tokens([0xFF]).text for _ in range(12)]
+    assert "".join(emitted).count("\ufffd") >= 8
+    assert emitted[-1] != "" or emitted[-2] != ""
+    ascii_after = detok.add_tokens([ord("a")]).text
+    assert ascii_after.endswith("a")

@@ -70,18 +70,19 @@ class Harness:
 
 
 def decoding_interactive(scheduler: Scheduler) -> set[str]:
-    return {
-        s.seq_id for s in scheduler.running
-        if s.request_class is INTERACTIVE and s.is_decoding
-    }  # fmt: skip
+    return {s.seq_id for s in scheduler.running if s.request_class is INTERACTIVE and s.is_decoding}
 
 
 @pytest.mark.parametrize("seed", range(8))
 def test_budget_slots_and_class_rules_hold_every_step(seed: int) -> None:
     config = EngineConfig(
-        max_active_seqs=6, step_token_budget=24, bulk_prefill_chunk_tokens=8,
-        bulk_min_share=0.25, bulk_aging_s=0.5, block_size_tokens=4,
-    )  # fmt: skip
+        max_active_seqs=6,
+        step_token_budget=24,
+        bulk_prefill_chunk_tokens=8,
+        bulk_min_share=0.25,
+        bulk_aging_s=0.5,
+        block_size_tokens=4,
+    )
     h = Harness(config, num_blocks=48, seed=seed)
     for _ in range(400):
         if h.rng.random() < 0.3:
@@ -129,9 +130,13 @@ def test_no_leaked_blocks_after_everything_finishes_or_aborts() -> None:
 def run_flood(bulk_min_share: float, steps: int) -> tuple[Harness, list[SchedulerOutput]]:
     """A steady interactive flood of long prompts over a bulk backlog."""
     config = EngineConfig(
-        max_active_seqs=8, step_token_budget=64, bulk_prefill_chunk_tokens=16,
-        bulk_min_share=bulk_min_share, bulk_aging_s=1.0, block_size_tokens=8,
-    )  # fmt: skip
+        max_active_seqs=8,
+        step_token_budget=64,
+        bulk_prefill_chunk_tokens=16,
+        bulk_min_share=bulk_min_share,
+        bulk_aging_s=1.0,
+        block_size_tokens=8,
+    )
     h = Harness(config, num_blocks=400, seed=3)
     bulk = [h.add(BULK, 120, 1) for _ in range(4)]
     outputs = []
@@ -150,8 +155,9 @@ def test_aged_bulk_gets_its_min_share_under_an_interactive_flood() -> None:
         bulk_tokens = output.tokens_for(BULK)
         bulk_running = any(c.seq.request_class is BULK for c in output.chunks)
         if bulk_running:
-            remaining = min(c.seq.num_uncomputed_tokens for c in output.chunks
-                            if c.seq.request_class is BULK)  # fmt: skip
+            remaining = min(
+                c.seq.num_uncomputed_tokens for c in output.chunks if c.seq.request_class is BULK
+            )
             assert bulk_tokens >= min(output.bulk_guaranteed_tokens, remaining)
     finished_bulk = [s for s in h.finished if s.request_class is BULK]
     assert len(finished_bulk) == 4, "aged bulk must finish while the flood goes on"
