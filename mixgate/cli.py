@@ -24,6 +24,20 @@ def _bench_engine(args: argparse.Namespace) -> int:
     return run_engine_bench(args)
 
 
+def _serve(args: argparse.Namespace) -> int:
+    from gateway.serve import run_serve
+
+    return run_serve(args)
+
+
+def _add_serve(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    from gateway.serve import add_serve_arguments
+
+    p = sub.add_parser("serve", help="run the gateway + engine (OpenAI-compatible HTTP)")
+    add_serve_arguments(p)
+    p.set_defaults(handler=_serve)
+
+
 def _add_make_model(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     from engine.presets import PRESET_NAMES
 
@@ -43,7 +57,15 @@ def _add_bench(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     engine.add_argument("--model", required=True, help="model folder")
     engine.add_argument("--batch-sizes", default="1,2,4,8,16,32,64")
     engine.add_argument("--context", type=int, default=128, help="context for the step timing")
-    engine.add_argument("--steps", type=int, default=10, help="timed decode steps per batch")
+    engine.add_argument(
+        "--steps", type=int, default=10, help="timed decode steps per batch size and round"
+    )
+    engine.add_argument(
+        "--rounds",
+        type=int,
+        default=3,
+        help="repeat rates and step timings; medians over rounds resist bursts of load",
+    )
     engine.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32")
     engine.add_argument("--device", default="cpu")
     engine.add_argument("--threads", type=int, default=None)
@@ -54,6 +76,12 @@ def _add_bench(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     )
     engine.add_argument("--seed", type=int, default=0)
     engine.add_argument("--json", default=None, help="write results here")
+    engine.add_argument(
+        "--bandwidth-matrix-mb",
+        type=int,
+        default=None,
+        help="matrix size for the bandwidth measurement (default: 2x the L3, at least 256)",
+    )
     engine.set_defaults(handler=_bench_engine)
 
 
@@ -68,6 +96,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 _SUBCOMMANDS: list[Callable[[argparse._SubParsersAction[argparse.ArgumentParser]], None]] = [
+    _add_serve,
     _add_make_model,
     _add_bench,
 ]

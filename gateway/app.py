@@ -1,0 +1,206 @@
+"""The Starlette app factory; its lifespan brings up Redis, the engine and the dispatcher.
+
+The server accepts connections at once: the engine loads and warms up in the background and
+/readyz says so until it is ready (requests meanwhile get 503).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import redis.asyncio as aioredis
+import structlog
+from starlette.applications import Starlette
+from starlette.middleware import Middleware
+from starlette.routing import Route
+
+from gateway import routes_chat, routes_jobs, routes_ops
+from gateway.admission_service import AdmissionService
+from gateway.auth import ApiKeyStore, TokenBucketLimiter
+from gateway.dispatcher import Dispatcher, DispatcherConfig
+from gateway.embedded_redis import EmbeddedRedis
+from gateway.engine_setup import engine_config, resolve_model_dir, start_engine
+from gateway.errors import EXCEPTION_HANDLERS
+from gateway.logging_setup import RequestIdMiddleware
+from gateway.metrics import Metrics
+from gateway.queue import Keys, QueueStore
+from gateway.settings import Settings
+from gateway.state import GatewayState
+from gateway.token_stream import TokenStreams
+from policies.admission import AdmissionConfig
+from policies.aging import ClassOffsets
+from policies.envelope import Envelope, load_envelope
+from policies.request_class import RequestClass
+
+log = structlog.get_logger("mixgate.app")
+REDIS_CHECK_INTERVAL_S = 1.0
+
+
+def load_auth(settings: Settings) -> ApiKeyStore:
+    if settings.api_keys_path is not None:
+        return ApiKeyStore.from_file(settings.api_keys_path)
+    if settings.api_keys_json:
+        return ApiKeyStore.from_json(settings.api_keys_json)
+    return ApiKeyStore.open()
+
+
+def load_settings_envelope(settings: Settings) -> Envelope:
+    if settings.envelope_path is None:
+        return Envelope.default()
+    return load_envelope(Path(settings.envelope_path).read_text())
+
+
+def create_app(settings: Settings, *, redis_client: aioredis.Redis | None = None) -> Starlette:
+    envelope = load_settings_envelope(settings)
+    model_name = settings.model_name or (
+        settings.model_dir.name if settings.model_dir is not None else "small"
+    )
+    state = GatewayState(
+        settings=settings,
+        envelope=envelope,
+        metrics=Metrics(),
+        auth=load_auth(settings),
+        limiter=TokenBucketLimiter(),
+        model_name=model_name,
+    )
+    routes = [
+        Route("/v1/chat/completions", routes_chat.chat_completions, methods=["POST"]),
+        Route("/v1/jobs", routes_jobs.create_job, methods=["POST"]),
+        Route("/v1/jobs", routes_jobs.list_jobs, methods=["GET"]),
+        Route("/v1/jobs/{job_id}", routes_jobs.get_job, methods=["GET"]),
+        Route("/v1/jobs/{job_id}", routes_jobs.cancel_job, methods=["DELETE"]),
+        Route("/v1/models", routes_ops.models, methods=["GET"]),
+        Route("/v1/envelope", routes_ops.envelope, methods=["GET"]),
+        Route("/healthz", routes_ops.healthz, methods=["GET"]),
+        Route("/readyz", routes_ops.readyz, methods=["GET"]),
+        Route("/metrics", routes_ops.metrics, methods=["GET"]),
+        Route("/openapi.json", routes_ops.openapi, methods=["GET"]),
+    ]
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: Starlette) -> AsyncIterator[None]:
+        embedded = None
+        if redis_client is not None:
+            client = redis_client
+        elif settings.redis_url:
+            client = aioredis.from_url(settings.redis_url, decode_responses=True)
+        else:
+            embedded = EmbeddedRedis(settings.data_dir)
+            client = await embedded.start()
+        state.redis = client
+        keys = Keys(settings.key_prefix)
+        state.store = QueueStore(client, keys)
+        state.streams = TokenStreams(client, keys.out, settings.stream_ttl_s)
+        state.admission = AdmissionService(
+            state.store,
+            envelope,
+            AdmissionConfig(interactive_ttft_target_s=envelope.interactive_ttft_target_s),
+            state.engine_load,
+        )
+        state.metrics.watch(state.engine_load, lambda: _depths(state))
+        if state.auth.is_open:
+            log.warning(
+                "auth_open",
+                message="no API keys configured: open dev mode, "
+                "every request is tenant 'default' with all classes",
+            )
+        tasks = [
+            asyncio.create_task(_bring_up(state), name="bring-up"),
+            asyncio.create_task(_watch_redis(state), name="watch-redis"),
+        ]
+        try:
+            yield
+        finally:
+            state.draining = True
+            if state.dispatcher is not None:
+                await state.dispatcher.stop(settings.drain_timeout_s)
+            for task in tasks:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+            if state.engine is not None:
+                await state.engine.stop()
+            if redis_client is None:
+                await client.aclose()
+            if embedded is not None:
+                await embedded.stop()
+
+    app = Starlette(
+        routes=routes,
+        middleware=[Middleware(RequestIdMiddleware)],
+        exception_handlers=dict(EXCEPTION_HANDLERS),
+        lifespan=lifespan,
+    )
+    app.state.gw = state
+    return app
+
+
+def _depths(state: GatewayState) -> dict[RequestClass, tuple[int, int]]:
+    if state.admission is None:
+        return {}
+    return {c: (d.jobs, d.queued_tokens) for c, d in state.admission.last_depths.items()}
+
+
+async def _bring_up(state: GatewayState) -> None:
+    settings = state.settings
+    try:
+        model_dir = await asyncio.to_thread(resolve_model_dir, settings)
+        if settings.model_name is None:
+            state.model_name = model_dir.name
+        state.engine = await start_engine(model_dir, engine_config(state.envelope, settings))
+        state.tokenizer = state.engine.engine.tokenizer
+    except Exception as error:  # noqa: BLE001 - reported by /readyz and the log
+        state.startup_error = repr(error)
+        log.exception("engine_start_failed")
+        return
+    assert state.store is not None and state.streams is not None and state.redis is not None
+    envelope = state.envelope
+    offsets = ClassOffsets(bulk_ms=envelope.bulk_class_offset_ms).by_class_ms()
+    state.dispatcher = Dispatcher(
+        state.store,
+        state.streams,
+        state.engine,
+        DispatcherConfig(
+            replica_id=settings.replica_id,
+            lease_ms=int(settings.lease_s * 1000),
+            renew_interval_ms=int(settings.lease_s * 1000) // 3,
+            reclaim_interval_ms=int(settings.lease_s * 1000) // 2,
+            max_active_by_class={
+                RequestClass.INTERACTIVE: envelope.max_active_seqs,
+                RequestClass.BULK: envelope.max_active_seqs - envelope.interactive_reserved_seqs,
+            },
+            class_offsets_ms=offsets,
+        ),
+        redis=state.redis,
+        on_finished=lambda cls, status, timings: _on_finished(state, cls, status, timings),
+    )
+    await state.dispatcher.start()
+    state.engine_ready = True
+    log.info("ready", model=state.model_name, replica=settings.replica_id)
+
+
+def _on_finished(
+    state: GatewayState, cls: RequestClass, status: str, timings: dict[str, object] | None
+) -> None:
+    state.metrics.jobs_finished.labels(cls.value, status).inc()
+    if timings:
+        state.metrics.observe_timings(cls, timings)
+
+
+async def _watch_redis(state: GatewayState) -> None:
+    assert state.redis is not None and state.admission is not None
+    while True:
+        try:
+            async with asyncio.timeout(REDIS_CHECK_INTERVAL_S):
+                await state.redis.ping()
+                state.admission.last_depths = await state.admission.store.depths()
+            if not state.redis_ok:
+                log.info("redis_reachable")
+            state.redis_ok = True
+        except Exception:  # noqa: BLE001 - any failure means "not reachable" here
+            if state.redis_ok:
+                log.warning("redis_unreachable")
+            state.redis_ok = False
+        await asyncio.sleep(REDIS_CHECK_INTERVAL_S)

@@ -1,0 +1,84 @@
+"""Bringing the engine up: the model folder, an engine config from the envelope, warm-up."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+import structlog
+
+from engine.async_engine import AsyncEngine
+from engine.config import EngineConfig
+from engine.llm_engine import LLMEngine
+from engine.request import GenerationRequest
+from engine.sampling_params import SamplingParams
+from gateway.settings import Settings
+from policies.envelope import Envelope
+from policies.request_class import RequestClass
+
+log = structlog.get_logger("mixgate.engine")
+
+DEFAULT_PRESET = "small"
+
+
+def resolve_model_dir(settings: Settings) -> Path:
+    """The configured folder, or the default preset made on first run under the data folder."""
+    if settings.model_dir is not None:
+        if not (settings.model_dir / "config.json").is_file():
+            raise FileNotFoundError(f"no config.json in model folder {settings.model_dir}")
+        return settings.model_dir
+    model_dir = settings.models_dir / DEFAULT_PRESET
+    if not (model_dir / "config.json").is_file():
+        from engine.make_model import make_model
+
+        log.info("making_default_model", preset=DEFAULT_PRESET, path=str(model_dir))
+        make_model(model_dir, DEFAULT_PRESET, seed=0)
+    return model_dir
+
+
+def engine_config(envelope: Envelope, settings: Settings) -> EngineConfig:
+    return EngineConfig(
+        max_active_seqs=envelope.max_active_seqs,
+        step_token_budget=envelope.step_token_budget,
+        bulk_prefill_chunk_tokens=envelope.bulk_prefill_chunk_tokens,
+        bulk_min_share=envelope.bulk_min_share,
+        bulk_aging_s=envelope.bulk_aging_s,
+        max_model_len=max(
+            envelope.interactive_limits.max_context_tokens,
+            envelope.bulk_limits.max_context_tokens,
+        ),
+        kv_cache_bytes=settings.kv_cache_bytes,
+        dtype=settings.dtype,
+        device=settings.device,
+        num_threads=settings.num_threads,
+    )
+
+
+async def start_engine(model_dir: Path, config: EngineConfig) -> AsyncEngine:
+    """Load the model off the event loop, start the step thread, and warm up.
+
+    Warm-up runs a few requests through the engine so that its prefill and decode rates are
+    measured before admission has to predict waits from them.
+    """
+    engine = await asyncio.to_thread(LLMEngine, model_dir, config)
+    async_engine = AsyncEngine(engine)
+    await async_engine.start()
+    prompt = tuple(range(1, 1 + min(64, engine.max_model_len // 4)))
+    sampling = SamplingParams(max_tokens=8, temperature=0.0, ignore_eos=True, detokenize=False)
+
+    async def one(index: int) -> None:
+        request = GenerationRequest(f"warmup-{index}", prompt, sampling, RequestClass.BULK)
+        async for _ in async_engine.generate(request):
+            pass
+
+    await asyncio.gather(*(one(i) for i in range(4)))
+    load = async_engine.load()
+    log.info(
+        "engine_ready",
+        model=str(model_dir),
+        kv_blocks=engine.block_manager.num_blocks,
+        max_model_len=engine.max_model_len,
+        prefill_tokens_per_s=load.prefill_tokens_per_s,
+        decode_tokens_per_s=load.decode_tokens_per_s,
+    )
+    return async_engine

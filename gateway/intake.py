@@ -1,0 +1,194 @@
+"""The path every generation request takes before it is queued, shared by chat and jobs:
+auth and rate limit, classification, tokenization, sampling settings, admission, enqueue."""
+
+from __future__ import annotations
+
+import secrets
+import time
+from dataclasses import dataclass
+
+import structlog
+from starlette.requests import Request
+
+from engine.errors import RequestValidationError
+from engine.sampling_params import SamplingParams
+from gateway.auth import Principal
+from gateway.errors import APIError
+from gateway.job_payload import JobPayload
+from gateway.queue import AdmitStatus, NewJob
+from gateway.schemas import (
+    ChatCompletionRequest,
+    effective_max_tokens,
+    messages_as_dicts,
+    stop_list,
+)
+from gateway.state import GatewayState
+from policies.admission import RequestShape
+from policies.classify import CLASS_HEADER, classify
+from policies.request_class import RequestClass
+
+DEADLINE_HEADER = "x-mixgate-deadline-ms"
+log = structlog.get_logger("mixgate.intake")
+
+
+@dataclass(frozen=True, slots=True)
+class Admitted:
+    job_id: str
+    request_class: RequestClass
+    payload: JobPayload
+    enqueue_ms: int
+    deadline_ms: int
+
+
+def require_ready(state: GatewayState) -> None:
+    reasons = state.not_ready_reasons()
+    if reasons:
+        raise APIError.service_unavailable("the service is not ready: " + "; ".join(reasons))
+
+
+def authenticate(request: Request, state: GatewayState) -> Principal:
+    principal = state.auth.authenticate(request.headers.get("authorization"))
+    structlog.contextvars.bind_contextvars(tenant=principal.tenant, key_id=principal.key_id)
+    wait_s = state.limiter.check(principal, time.monotonic())
+    if wait_s is not None:
+        raise APIError.rate_limit(
+            f"rate limit of {principal.rate_limit_per_s} requests/s exceeded for this key", wait_s
+        )
+    return principal
+
+
+def request_class(
+    request: Request, endpoint_default: RequestClass, service_tier: str | None, principal: Principal
+) -> RequestClass:
+    result = classify(
+        endpoint_default, service_tier, request.headers.get(CLASS_HEADER), principal.allowed_classes
+    )
+    if result.error is not None:
+        err = result.error
+        raise APIError(err.status_code, err.message, err.error_type, err.code, err.param)
+    assert result.request_class is not None
+    return result.request_class
+
+
+def build_payload(
+    state: GatewayState, body: ChatCompletionRequest, request_class: RequestClass
+) -> JobPayload:
+    """Tokenize with the chat template and settle the decoding settings (400 on nonsense)."""
+    assert state.tokenizer is not None and state.engine is not None
+    try:
+        prompt = state.tokenizer.encode_chat(messages_as_dicts(body))
+    except ValueError as error:
+        raise APIError.invalid_request(
+            f"could not render the chat template: {error}", param="messages"
+        ) from error
+    limits = state.envelope.length_limits(request_class)
+    room = max(1, min(limits.max_output_tokens, limits.max_context_tokens - len(prompt)))
+    try:
+        sampling = SamplingParams(
+            max_tokens=effective_max_tokens(body, room),
+            temperature=1.0 if body.temperature is None else body.temperature,
+            top_p=1.0 if body.top_p is None else body.top_p,
+            top_k=-1 if body.top_k is None else body.top_k,
+            seed=body.seed,
+            stop=stop_list(body),
+            ignore_eos=bool(body.ignore_eos),
+        )
+    except ValueError as error:
+        raise APIError.invalid_request(str(error)) from error
+    include_usage = bool(body.stream_options and body.stream_options.include_usage)
+    return JobPayload(
+        prompt_token_ids=tuple(prompt),
+        sampling=sampling,
+        model=body.model,
+        created_s=int(time.time()),
+        stream=bool(body.stream),
+        include_usage=include_usage,
+    )
+
+
+def interactive_deadline_s(request: Request) -> float | None:
+    raw = request.headers.get(DEADLINE_HEADER)
+    if raw is None:
+        return None
+    try:
+        deadline_ms = float(raw)
+    except ValueError:
+        deadline_ms = -1.0
+    if not 0 < deadline_ms <= 86_400_000:
+        raise APIError.invalid_request(
+            f"{DEADLINE_HEADER} must be a positive number of milliseconds", param=DEADLINE_HEADER
+        )
+    return deadline_ms / 1000.0
+
+
+async def admit(
+    state: GatewayState,
+    principal: Principal,
+    request_class: RequestClass,
+    payload: JobPayload,
+    *,
+    deadline_s: float | None,
+    id_prefix: str,
+    custom_id: str | None = None,
+    metadata_json: str = "{}",
+) -> Admitted:
+    """Decide, then enqueue; raises APIError (413/400/429) when the request is refused."""
+    assert state.admission is not None and state.engine is not None
+    prompt_tokens = len(payload.prompt_token_ids)
+    shape = RequestShape(request_class, prompt_tokens, payload.sampling.max_tokens, deadline_s)
+    decision = await state.admission.decide(shape)
+    if decision.rejection is not None:
+        rejection = decision.rejection
+        state.metrics.rejections.labels(request_class.value, rejection.code).inc()
+        log.info(
+            "rejected",
+            code=rejection.code,
+            predicted_ttft_s=decision.predicted_ttft_s,
+            predicted_finish_s=decision.predicted_finish_s,
+            deadline_s=decision.deadline_s,
+        )
+        if rejection.retry_after_s is not None:
+            error = APIError.rate_limit(rejection.message, rejection.retry_after_s, rejection.code)
+            error.param = rejection.param
+            raise error
+        raise APIError(
+            rejection.status_code,
+            rejection.message,
+            rejection.error_type,
+            rejection.code,
+            rejection.param,
+        )
+    job_id = f"{id_prefix}{secrets.token_urlsafe(18)}"
+    try:
+        state.engine.engine.validate(payload.generation_request(job_id, request_class, None))
+    except RequestValidationError as error:
+        http_status = 413 if error.code == "context_length_exceeded" else 400
+        raise APIError(
+            http_status, str(error), "invalid_request_error", error.code, error.param
+        ) from error
+    enqueue_ms = int(time.time() * 1000)
+    deadline_ms = enqueue_ms + int(decision.deadline_s * 1000)
+    status = await state.admission.enqueue(
+        NewJob(
+            job_id=job_id,
+            tenant=principal.tenant,
+            request_class=request_class,
+            request_json=payload.to_json(),
+            enqueue_ms=enqueue_ms,
+            cost_tokens=payload.cost_tokens,
+            queue_limit=state.envelope.queue_limit(request_class),
+            deadline_ms=deadline_ms,
+            max_attempts=state.settings.max_attempts,
+            custom_id=custom_id,
+            metadata_json=metadata_json,
+        ),
+        prompt_tokens,
+    )
+    if status is AdmitStatus.QUEUE_FULL:
+        state.metrics.rejections.labels(request_class.value, "queue_full").inc()
+        raise APIError.queue_full(f"The {request_class.value} queue is full.", 1.0)
+    if status is not AdmitStatus.ADMITTED:
+        log.error("enqueue_failed", status=str(status))
+        raise APIError.internal()
+    structlog.contextvars.bind_contextvars(job_id=job_id, request_class=request_class.value)
+    return Admitted(job_id, request_class, payload, enqueue_ms, deadline_ms)

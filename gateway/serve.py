@@ -1,0 +1,70 @@
+"""`mixgate serve`: settings from the environment and flags, logging, uvicorn."""
+
+from __future__ import annotations
+
+import argparse
+import signal
+from pathlib import Path
+
+import uvicorn
+
+from gateway.app import create_app
+from gateway.logging_setup import configure_logging
+from gateway.settings import Settings
+
+
+def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--model",
+        type=Path,
+        default=None,
+        help="model folder (default: the small preset, made on first run)",
+    )
+    parser.add_argument("--model-name", default=None, help="model id clients send")
+    parser.add_argument("--host", default=None, help="default 127.0.0.1")
+    parser.add_argument("--port", type=int, default=None, help="default 8000")
+    parser.add_argument(
+        "--redis-url",
+        default=None,
+        help="default: an embedded redis-server (AOF) under the data folder",
+    )
+    parser.add_argument("--envelope", type=Path, default=None, help="operating envelope TOML")
+    parser.add_argument("--data-dir", type=Path, default=None, help="default ./data")
+    parser.add_argument("--api-keys", type=Path, default=None, help="API keys file (JSON/TOML)")
+    parser.add_argument("--device", default=None, help="cpu | cuda | auto")
+    parser.add_argument("--dtype", default=None, help="float32 | bfloat16 | auto")
+    parser.add_argument("--threads", type=int, default=None, help="torch threads")
+    parser.add_argument("--replica-id", default=None)
+    parser.add_argument("--log-level", default=None)
+
+
+def run_serve(args: argparse.Namespace) -> int:
+    settings = Settings.from_env().with_overrides(
+        model_dir=args.model,
+        model_name=args.model_name,
+        host=args.host,
+        port=args.port,
+        redis_url=args.redis_url,
+        envelope_path=args.envelope,
+        data_dir=args.data_dir,
+        api_keys_path=args.api_keys,
+        device=args.device,
+        dtype=args.dtype,
+        num_threads=args.threads,
+        replica_id=args.replica_id,
+        log_level=args.log_level,
+    )
+    configure_logging(settings.log_level, settings.log_json)
+    app = create_app(settings)
+    # NOTE: uvicorn drains on SIGTERM, then re-raises the signal to the handler that was in
+    # place before it; a no-op handler makes a drained shutdown exit 0, as orchestrators expect.
+    signal.signal(signal.SIGTERM, lambda signum, frame: None)
+    uvicorn.run(
+        app,
+        host=settings.host,
+        port=settings.port,
+        log_config=None,
+        access_log=False,  # RequestIdMiddleware logs one line per request, with its id
+        timeout_graceful_shutdown=int(settings.drain_timeout_s) + 5,
+    )
+    return 0

@@ -1,0 +1,108 @@
+"""Service settings: one dataclass, read from the environment and then from command-line flags.
+
+This is the only module that reads the environment.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+from collections.abc import Mapping
+from dataclasses import dataclass, field, fields, replace
+from pathlib import Path
+from typing import Any
+
+ENV_PREFIX = "MIXGATE_"
+
+
+def _default_replica_id() -> str:
+    return f"{socket.gethostname()}-{os.getpid()}"
+
+
+@dataclass(frozen=True, slots=True)
+class Settings:
+    # Model folder; None: the `small` preset, made on first run under data_dir/models/.
+    model_dir: Path | None = None
+    # The model id clients send and /v1/models lists; None: the folder's name.
+    model_name: str | None = None
+    host: str = "127.0.0.1"
+    port: int = 8000
+    # None: an embedded redis-server child (or in-process fakeredis when none is installed).
+    redis_url: str | None = None
+    data_dir: Path = Path("data")
+    envelope_path: Path | None = None
+    # API keys: a JSON/TOML file, or the JSON text itself (MIXGATE_API_KEYS). Neither: open mode.
+    api_keys_path: Path | None = None
+    api_keys_json: str | None = None
+    key_prefix: str = "{mixgate}:"
+    replica_id: str = field(default_factory=_default_replica_id)
+    lease_s: float = 10.0
+    max_attempts: int = 3
+    max_body_bytes: int = 4 * 1024 * 1024
+    # Token streams stay readable this long after they end (late readers, resumes).
+    stream_ttl_s: int = 3600
+    # A stream with no event for this long ends with an error (a dead dispatcher).
+    stream_idle_timeout_s: float = 60.0
+    drain_timeout_s: float = 30.0
+    # Engine placement.
+    device: str = "auto"
+    dtype: str = "float32"
+    num_threads: int | None = None
+    kv_cache_bytes: int = 1 << 30
+    log_level: str = "info"
+    log_json: bool = True
+
+    def __post_init__(self) -> None:
+        if not 0 < self.port < 65536 and self.port != 0:
+            raise ValueError("port must be in 0..65535")
+        if self.lease_s <= 0 or self.drain_timeout_s < 0 or self.stream_idle_timeout_s <= 0:
+            raise ValueError("lease_s and stream_idle_timeout_s must be positive")
+        if self.max_attempts < 1:
+            raise ValueError("max_attempts must be at least 1")
+        if self.max_body_bytes < 1024:
+            raise ValueError("max_body_bytes must be at least 1024")
+        if "{" not in self.key_prefix or "}" not in self.key_prefix:
+            raise ValueError("key_prefix must contain a {hash tag} (Redis Cluster slots)")
+
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str] | None = None) -> Settings:
+        """Settings from MIXGATE_* variables (REDIS_URL is honoured too, as DESIGN.md says)."""
+        env = os.environ if environ is None else environ
+        values: dict[str, Any] = {}
+        for f in fields(cls):
+            raw = env.get(ENV_PREFIX + f.name.upper())
+            if raw is not None and raw != "":
+                values[f.name] = _parse(f.name, raw)
+        if "redis_url" not in values and env.get("REDIS_URL"):
+            values["redis_url"] = env["REDIS_URL"]
+        if "api_keys_json" not in values and env.get("MIXGATE_API_KEYS"):
+            values["api_keys_json"] = env["MIXGATE_API_KEYS"]
+        return cls(**values)
+
+    def with_overrides(self, **overrides: Any) -> Settings:
+        """Flags win over the environment; None means "flag not given"."""
+        return replace(self, **{k: v for k, v in overrides.items() if v is not None})
+
+    @property
+    def models_dir(self) -> Path:
+        return self.data_dir / "models"
+
+
+_PATHS = {"model_dir", "data_dir", "envelope_path", "api_keys_path"}
+_INTS = {"port", "max_attempts", "max_body_bytes", "stream_ttl_s", "num_threads", "kv_cache_bytes"}
+_FLOATS = {"lease_s", "stream_idle_timeout_s", "drain_timeout_s"}
+
+
+def _parse(name: str, raw: str) -> Any:
+    try:
+        if name in _PATHS:
+            return Path(raw)
+        if name in _INTS:
+            return int(raw)
+        if name in _FLOATS:
+            return float(raw)
+        if name == "log_json":
+            return raw.lower() in ("1", "true", "yes", "on")
+    except ValueError as error:
+        raise ValueError(f"{ENV_PREFIX}{name.upper()}={raw!r}: {error}") from error
+    return raw

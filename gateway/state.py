@@ -1,0 +1,58 @@
+"""Everything a request handler needs, built by the app's lifespan and kept on `app.state.gw`."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+import redis.asyncio as aioredis
+
+from engine.async_engine import AsyncEngine
+from engine.step_record import LoadSnapshot
+from engine.tokenizer import Tokenizer
+from gateway.admission_service import AdmissionService
+from gateway.auth import ApiKeyStore, TokenBucketLimiter
+from gateway.dispatcher import Dispatcher
+from gateway.metrics import Metrics
+from gateway.queue import QueueStore
+from gateway.settings import Settings
+from gateway.token_stream import TokenStreams
+from policies.envelope import Envelope
+
+
+@dataclass(slots=True)
+class GatewayState:
+    settings: Settings
+    envelope: Envelope
+    metrics: Metrics
+    auth: ApiKeyStore
+    limiter: TokenBucketLimiter
+    model_name: str
+    started_s: float = field(default_factory=time.time)
+    redis: aioredis.Redis | None = None
+    store: QueueStore | None = None
+    streams: TokenStreams | None = None
+    admission: AdmissionService | None = None
+    engine: AsyncEngine | None = None
+    tokenizer: Tokenizer | None = None
+    dispatcher: Dispatcher | None = None
+    engine_ready: bool = False
+    redis_ok: bool = False
+    draining: bool = False
+    # Why the engine could not start (the service then stays unready and says so).
+    startup_error: str | None = None
+
+    def not_ready_reasons(self) -> list[str]:
+        reasons = []
+        if self.startup_error is not None:
+            reasons.append(f"engine failed to start: {self.startup_error}")
+        elif not self.engine_ready:
+            reasons.append("engine warming up")
+        if not self.redis_ok:
+            reasons.append("redis unreachable")
+        if self.draining:
+            reasons.append("draining")
+        return reasons
+
+    def engine_load(self) -> LoadSnapshot | None:
+        return self.engine.load() if self.engine is not None else None
