@@ -173,9 +173,19 @@ async def _kinds_so_far(client: aioredis.Redis, keys: Keys, job_id: str) -> list
     return [fields["e"] for _, fields in entries]
 
 
-def _all_blocks_free(engine: AsyncEngine) -> bool:
+def _blocks_free_now(engine: AsyncEngine) -> bool:
     manager = engine.engine.block_manager
     return manager.num_free_blocks == manager.num_blocks
+
+
+async def _all_blocks_free(engine: AsyncEngine, within_s: float = 1.0) -> bool:
+    """Free blocks back to the total within `within_s` (the abort runs on the engine thread)."""
+    deadline = asyncio.get_running_loop().time() + within_s
+    while not _blocks_free_now(engine):
+        if asyncio.get_running_loop().time() > deadline:
+            return False
+        await asyncio.sleep(0.01)
+    return True
 
 
 # ---- runs ----------------------------------------------------------------------------------
@@ -328,7 +338,7 @@ async def test_cancel_of_a_running_job_aborts_it_within_a_second(
     assert (events[-1].kind, events[-1].data["code"]) == (ERROR, "cancelled")
     assert len(events) < 900
     assert (await _record(store, job_id)).status is JobStatus.CANCELLED
-    assert _all_blocks_free(engine)
+    assert await _all_blocks_free(engine)
     assert dispatcher.counters.count(K.CANCELLED, INT) == 1
     assert dispatcher.counters.count(K.COMPLETED) == 0
 
@@ -377,7 +387,7 @@ async def test_cancel_whose_message_was_lost_is_found_by_the_lease_loop(
 
     assert (events[-1].kind, events[-1].data["code"]) == (ERROR, "cancelled")
     assert (await _record(store, job_id)).status is JobStatus.CANCELLED
-    assert _all_blocks_free(engine)
+    assert await _all_blocks_free(engine)
 
 
 # ---- leases --------------------------------------------------------------------------------
@@ -416,7 +426,7 @@ async def test_lost_lease_is_never_completed_by_its_old_holder(
     assert dispatcher.counters.count(K.LEASE_LOST, B) == 1
     assert dispatcher.counters.count(K.COMPLETED) == dispatcher.counters.count(K.FAILED) == 0
     assert set(await _kinds_so_far(client, keys, job_id)) == {DELTA}
-    assert _all_blocks_free(engine)
+    assert await _all_blocks_free(engine)
     # The new holder's complete is the only one that lands.
     token = other.claimed.lease_token
     result = json.dumps({"text": "by r2", "finish_reason": "length", "usage": {}, "timings": {}})
@@ -520,7 +530,7 @@ async def test_stop_hands_back_jobs_still_running_at_the_timeout(
     assert elapsed_s < drain_timeout_s + 1.5
     assert sorted(drained.handed_back) == sorted([*bulk_ids, chat_id])
     assert (drained.finished, drained.not_handed_back) == (0, ())
-    assert _all_blocks_free(engine)
+    assert await _all_blocks_free(engine)
     for job_id in bulk_ids:
         assert (await _record(store, job_id)).status is JobStatus.QUEUED
     # A chat stream that already showed tokens is not replayed: it ends with a clear error.
