@@ -1,0 +1,170 @@
+"""TTFT through `mixgate serve` against TTFT of an in-process AsyncEngine, for
+`mixgate bench gateway`.
+
+The two run one after the other (the server is stopped before the engine loads), never side by
+side, so they share no CPU but see different noise.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from engine.async_engine import AsyncEngine
+from engine.config import EngineConfig
+from engine.llm_engine import LLMEngine
+from engine.request import GenerationRequest
+from engine.sampling_params import SamplingParams
+
+MAX_TOKENS = 4
+KV_CACHE_BYTES = 64 << 20
+# Requests sent before timing (both sides): first calls touch cold code paths.
+WARMUP_CHATS = 3
+
+
+def prompts(count: int) -> list[list[dict[str, str]]]:
+    return [
+        [{"role": "user", "content": f"Question {i}: tell me about lighthouse number {i}."}]
+        for i in range(count)
+    ]
+
+
+def _free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        port: int = s.getsockname()[1]
+        return port
+
+
+class Server:
+    """A `mixgate serve` child on loopback with its own key prefix and one thread."""
+
+    def __init__(self, model_dir: Path, redis_url: str, data_dir: Path) -> None:
+        self.port = _free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        data_dir.mkdir(parents=True, exist_ok=True)
+        self.log_path = data_dir / "server.log"
+        env = {k: v for k, v in os.environ.items() if not k.startswith("MIXGATE_")}
+        env |= {
+            "MIXGATE_KEY_PREFIX": f"{{mg-bench-{uuid.uuid4().hex[:8]}}}:",
+            "MIXGATE_DATA_DIR": str(data_dir),
+            "MIXGATE_NUM_THREADS": "1",
+            "MIXGATE_KV_CACHE_BYTES": str(KV_CACHE_BYTES),
+            "MIXGATE_LOG_LEVEL": "warning",
+        }
+        args = [sys.executable, "-m", "mixgate", "serve", "--model", str(model_dir)]
+        args += ["--port", str(self.port), "--redis-url", redis_url, "--device", "cpu"]
+        with self.log_path.open("ab") as log:
+            self.process = subprocess.Popen(args, env=env, stdout=log, stderr=subprocess.STDOUT)
+
+    def wait_ready(self, timeout_s: float = 120.0) -> None:
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if self.process.poll() is not None:
+                raise RuntimeError(f"mixgate serve exited early:\n{self.logs()}")
+            try:
+                if httpx.get(self.url + "/readyz", timeout=1.0).status_code == 200:
+                    return
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.05)
+        raise RuntimeError(f"mixgate serve not ready in {timeout_s} s:\n{self.logs()}")
+
+    def logs(self) -> str:
+        return self.log_path.read_text(errors="replace")[-5000:]
+
+    def stop(self) -> None:
+        if self.process.poll() is None:
+            self.process.send_signal(signal.SIGTERM)
+            try:
+                self.process.wait(30)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait(10)
+
+
+def _content_frames(lines: Iterator[str]) -> Iterator[str]:
+    """The `content` of each SSE chunk, in order (the role chunk yields nothing)."""
+    for line in lines:
+        if not line.startswith("data: ") or line == "data: [DONE]":
+            continue
+        for choice in json.loads(line[len("data: ") :]).get("choices", []):
+            content = choice.get("delta", {}).get("content")
+            if content:
+                yield content
+
+
+def _one_chat_ttft_ms(client: httpx.Client, body: dict[str, Any]) -> float | None:
+    start = time.perf_counter()
+    ttft: float | None = None
+    with client.stream("POST", "/v1/chat/completions", json=body) as response:
+        if response.status_code != 200:
+            response.read()
+            raise RuntimeError(f"chat failed: {response.status_code} {response.text}")
+        for _ in _content_frames(response.iter_lines()):
+            if ttft is None:
+                ttft = (time.perf_counter() - start) * 1000
+        # Drained to [DONE] so the next request starts on an idle server.
+    return ttft
+
+
+def gateway_ttft_ms(model_dir: Path, redis_url: str, data_dir: Path, chats: int) -> list[float]:
+    """TTFT of each chat through a fresh `mixgate serve`; chats with no content are left out."""
+    server = Server(model_dir, redis_url, data_dir)
+    try:
+        server.wait_ready()
+        with httpx.Client(base_url=server.url, timeout=60.0) as client:
+            model = str(client.get("/v1/models").json()["data"][0]["id"])
+            out: list[float] = []
+            for index, messages in enumerate(prompts(WARMUP_CHATS) + prompts(chats)):
+                body = {
+                    "model": model,
+                    "messages": messages,
+                    "max_tokens": MAX_TOKENS,
+                    "temperature": 0,
+                    "ignore_eos": True,
+                    "stream": True,
+                }
+                ttft = _one_chat_ttft_ms(client, body)
+                if index >= WARMUP_CHATS and ttft is not None:
+                    out.append(ttft)
+            return out
+    finally:
+        server.stop()
+
+
+async def engine_ttft_ms(model_dir: Path, chats: int) -> list[float]:
+    """TTFT of the same chats through an in-process AsyncEngine (same template, one thread)."""
+    config = EngineConfig(num_threads=1, device="cpu", kv_cache_bytes=KV_CACHE_BYTES)
+    llm = LLMEngine(model_dir, config)
+    engine = AsyncEngine(llm)
+    await engine.start()
+    sampling = SamplingParams(max_tokens=MAX_TOKENS, temperature=0.0, ignore_eos=True)
+    out: list[float] = []
+    try:
+        for index, messages in enumerate(prompts(WARMUP_CHATS) + prompts(chats)):
+            start = time.perf_counter()
+            prompt = tuple(llm.tokenizer.encode_chat(messages))
+            request = GenerationRequest(f"direct-{index}", prompt, sampling)
+            ttft: float | None = None
+            async for delta in engine.generate(request):
+                # First visible text, as on the SSE side: the random model's bytes are often
+                # held back until they form UTF-8, which delays text on both paths alike.
+                if ttft is None and delta.new_text:
+                    ttft = (time.perf_counter() - start) * 1000
+            if index >= WARMUP_CHATS and ttft is not None:
+                out.append(ttft)
+    finally:
+        await engine.stop()
+    return out
