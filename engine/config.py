@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from policies.scheduling_policy import SchedulingPolicy
+
 
 @dataclass(frozen=True, slots=True)
 class EngineConfig:
@@ -31,6 +33,8 @@ class EngineConfig:
     num_threads: int | None = None
     # Seed for requests without their own seed.
     seed: int = 0
+    # "mixgate" | "priority" | "fcfs" (policies/scheduling_policy.py): the presets compared.
+    scheduling_policy: str = "mixgate"
 
     def __post_init__(self) -> None:
         self._check_scheduling()
@@ -49,6 +53,8 @@ class EngineConfig:
             raise ValueError("bulk_min_share must be in [0, 1)")
         if self.bulk_aging_s < 0:
             raise ValueError("bulk_aging_s must be non-negative")
+        if self.scheduling_policy not in {p.value for p in SchedulingPolicy}:
+            raise ValueError(f"unknown scheduling_policy {self.scheduling_policy!r}")
 
     def _check_cache_and_device(self) -> None:
         if self.block_size_tokens < 1:

@@ -17,6 +17,7 @@ from engine.config import EngineConfig
 from engine.scheduler_output import Preemption, ScheduledChunk, SchedulerOutput
 from engine.sequence import Sequence, SequenceStatus
 from policies.request_class import RequestClass
+from policies.scheduling_policy import SchedulingPolicy
 from policies.step_budget import plan_step_budget
 
 INTERACTIVE, BULK = RequestClass.INTERACTIVE, RequestClass.BULK
@@ -52,6 +53,11 @@ class Scheduler:
         self.running: list[Sequence] = []
         self._next_admit_order = 0
         self._step_index = 0
+        self.policy = SchedulingPolicy(config.scheduling_policy)
+
+    def queue_of(self, seq: Sequence) -> RequestClass:
+        """The class the scheduler treats a sequence as: its own, or one for all under fcfs."""
+        return seq.request_class if self.policy.has_classes else INTERACTIVE
 
     # -- bookkeeping -------------------------------------------------------------------------
 
@@ -59,7 +65,7 @@ class Scheduler:
         seq.admit_order = self._next_admit_order
         self._next_admit_order += 1
         seq.status = SequenceStatus.WAITING
-        self.waiting[seq.request_class].append(seq)
+        self.waiting[self.queue_of(seq)].append(seq)
 
     def abort(self, seq_id: str) -> Sequence | None:
         for seq in self.running:
@@ -90,7 +96,7 @@ class Scheduler:
         return sum(1 for s in self.running if s.request_class is request_class)
 
     def num_waiting(self, request_class: RequestClass) -> int:
-        return len(self.waiting[request_class])
+        return sum(1 for q in self.waiting.values() for s in q if s.request_class is request_class)
 
     # -- the step ----------------------------------------------------------------------------
 
@@ -104,11 +110,16 @@ class Scheduler:
         bulk_aged = self._bulk_aged(now_s)
         plan = plan_step_budget(
             step_token_budget=self.config.step_token_budget,
-            interactive_decode_tokens=_tokens(state, INTERACTIVE),
-            bulk_decode_tokens=_tokens(state, BULK),
+            interactive_decode_tokens=self._tokens(state, INTERACTIVE),
+            bulk_decode_tokens=self._tokens(state, BULK),
             bulk_prefill_demand_tokens=self._bulk_prefill_demand_tokens(),
             bulk_aged=bulk_aged,
-            bulk_prefill_chunk_tokens=self.config.bulk_prefill_chunk_tokens,
+            # Without the cap (priority, fcfs) bulk prefill takes whatever budget is left.
+            bulk_prefill_chunk_tokens=(
+                self.config.bulk_prefill_chunk_tokens
+                if self.policy.caps_bulk_prefill
+                else self.config.step_token_budget
+            ),
             bulk_min_share=self.config.bulk_min_share,
         )
         self._schedule_prefills(
@@ -181,10 +192,10 @@ class Scheduler:
 
     def _admit(self, seq: Sequence, state: _StepState, bulk_aged: bool, max_tokens: int) -> int:
         """Give a waiting sequence a slot and blocks for its next chunk; 0 leaves it waiting."""
-        interactive = seq.request_class is INTERACTIVE
+        interactive = self.queue_of(seq) is INTERACTIVE
         # Interactive admission may preempt bulk, unless bulk has aged (then it keeps its
         # place, and the last free slot is left for it).
-        may_preempt_bulk = interactive and not bulk_aged
+        may_preempt_bulk = interactive and not bulk_aged and self.policy.preempts_to_admit
         leave_slot_for_bulk = interactive and bulk_aged and bool(self.waiting[BULK])
         if leave_slot_for_bulk and len(self.running) >= self.config.max_active_seqs - 1:
             return 0
@@ -213,13 +224,12 @@ class Scheduler:
     def _reserve_running(self, seq: Sequence, num_tokens: int, state: _StepState) -> bool:
         """Blocks for a running sequence, preempting if needed; False if it preempted itself."""
         while self.blocks.allocate_slots(seq, num_tokens) is None:
-            if self._preempt_youngest(BULK, seq, state, seq.request_class):
+            own = self.queue_of(seq)
+            if self._preempt_youngest(BULK, seq, state, own):
                 continue
-            if seq.request_class is INTERACTIVE and self._preempt_youngest(
-                INTERACTIVE, seq, state, INTERACTIVE
-            ):
+            if own is INTERACTIVE and self._preempt_youngest(INTERACTIVE, seq, state, own):
                 continue
-            self._preempt(seq, state, seq.request_class)
+            self._preempt(seq, state, own)
             return False
         return True
 
@@ -236,11 +246,11 @@ class Scheduler:
         candidates = [
             s
             for s in self.running
-            if s.request_class is victim_class
+            if self.queue_of(s) is victim_class
             and s is not for_seq
             and (
                 for_seq is None
-                or s.request_class is not for_seq.request_class
+                or self.queue_of(s) is not self.queue_of(for_seq)
                 or s.admit_order > for_seq.admit_order
             )
         ]
@@ -255,7 +265,7 @@ class Scheduler:
         self.blocks.free(seq)
         seq.status = SequenceStatus.WAITING
         seq.metrics.num_preemptions += 1
-        queue = self.waiting[seq.request_class]
+        queue = self.waiting[self.queue_of(seq)]
         queue.insert(bisect.bisect([s.admit_order for s in queue], seq.admit_order), seq)
         state.preemptions.append(Preemption(seq.seq_id, seq.request_class, beneficiary))
 
@@ -265,19 +275,25 @@ class Scheduler:
         matching = [
             s
             for s in self.running
-            if s.request_class is request_class and s.is_decoding == decoding
+            if self.queue_of(s) is request_class and s.is_decoding == decoding
         ]
         yield from sorted(matching, key=lambda s: s.admit_order)
+
+    def _tokens(self, state: _StepState, request_class: RequestClass) -> int:
+        chunks = state.chunks.values()
+        return sum(c.num_tokens for c in chunks if self.queue_of(c.seq) is request_class)
 
     def _bulk_aged(self, now_s: float) -> bool:
         """Bulk prefill work that has waited past the aging threshold since it arrived."""
         threshold_s = now_s - self.config.bulk_aging_s
+        if not self.policy.ages_bulk:
+            return False
         pending = [s for s in self.running if s.request_class is BULK and not s.is_decoding]
         pending += self.waiting[BULK]
         return any(s.arrival_s <= threshold_s for s in pending)
 
     def _bulk_prefill_demand_tokens(self) -> int:
-        running = [s for s in self.running if s.request_class is BULK and not s.is_decoding]
+        running = [s for s in self.running if self.queue_of(s) is BULK and not s.is_decoding]
         return sum(s.num_uncomputed_tokens for s in running + self.waiting[BULK])
 
     def _check_step(self, output: SchedulerOutput) -> None:
@@ -292,10 +308,6 @@ class Scheduler:
                 raise RuntimeError(f"scheduled sequence {seq.seq_id} is not running")
             if len(seq.block_table) * block_size < chunk.end_pos:
                 raise RuntimeError(f"sequence {seq.seq_id} lacks blocks for its chunk")
-
-
-def _tokens(state: _StepState, request_class: RequestClass) -> int:
-    return sum(c.num_tokens for c in state.chunks.values() if c.seq.request_class is request_class)
 
 
 def _tokens_by_kind(chunks: list[ScheduledChunk]) -> dict[tuple[RequestClass, str], int]:

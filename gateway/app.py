@@ -34,6 +34,7 @@ from policies.admission import AdmissionConfig
 from policies.aging import ClassOffsets
 from policies.envelope import Envelope, load_envelope
 from policies.request_class import RequestClass
+from policies.scheduling_policy import NO_DEADLINE_S, SchedulingPolicy, gateway_envelope
 
 log = structlog.get_logger("mixgate.app")
 REDIS_CHECK_INTERVAL_S = 1.0
@@ -54,7 +55,8 @@ def load_settings_envelope(settings: Settings) -> Envelope:
 
 
 def create_app(settings: Settings, *, redis_client: aioredis.Redis | None = None) -> Starlette:
-    envelope = load_settings_envelope(settings)
+    policy = SchedulingPolicy(settings.policy)
+    envelope = gateway_envelope(load_settings_envelope(settings), policy)
     model_name = settings.model_name or (
         settings.model_dir.name if settings.model_dir is not None else "small"
     )
@@ -97,7 +99,14 @@ def create_app(settings: Settings, *, redis_client: aioredis.Redis | None = None
         state.admission = AdmissionService(
             state.store,
             envelope,
-            AdmissionConfig(interactive_ttft_target_s=envelope.interactive_ttft_target_s),
+            AdmissionConfig(
+                interactive_ttft_target_s=envelope.interactive_ttft_target_s,
+                bulk_default_deadline_s=(
+                    AdmissionConfig().bulk_default_deadline_s
+                    if policy.admits_by_deadline
+                    else NO_DEADLINE_S
+                ),
+            ),
             state.engine_load,
         )
         state.metrics.watch(state.engine_load, lambda: _depths(state))

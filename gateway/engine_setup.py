@@ -51,6 +51,7 @@ def engine_config(envelope: Envelope, settings: Settings) -> EngineConfig:
         dtype=settings.dtype,
         device=settings.device,
         num_threads=settings.num_threads,
+        scheduling_policy=settings.policy,
     )
 
 

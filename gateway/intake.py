@@ -26,6 +26,7 @@ from gateway.state import GatewayState
 from policies.admission import RequestShape
 from policies.classify import CLASS_HEADER, classify
 from policies.request_class import RequestClass
+from policies.scheduling_policy import SchedulingPolicy
 
 DEADLINE_HEADER = "x-mixgate-deadline-ms"
 log = structlog.get_logger("mixgate.intake")
@@ -135,6 +136,8 @@ async def admit(
     """Decide, then enqueue; raises APIError (413/400/429) when the request is refused."""
     assert state.admission is not None and state.engine is not None
     prompt_tokens = len(payload.prompt_token_ids)
+    if not SchedulingPolicy(state.settings.policy).admits_by_deadline:
+        deadline_s = None  # the baselines have no deadline admission
     shape = RequestShape(request_class, prompt_tokens, payload.sampling.max_tokens, deadline_s)
     decision = await state.admission.decide(shape)
     if decision.rejection is not None:

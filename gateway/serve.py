@@ -35,6 +35,12 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--dtype", default=None, help="float32 | bfloat16 | auto")
     parser.add_argument("--threads", type=int, default=None, help="torch threads")
     parser.add_argument("--replica-id", default=None)
+    parser.add_argument(
+        "--policy",
+        choices=("mixgate", "priority", "fcfs"),
+        default=None,
+        help="scheduling preset (default mixgate); the others are baselines",
+    )
     parser.add_argument("--log-level", default=None)
 
 
@@ -52,6 +58,7 @@ def run_serve(args: argparse.Namespace) -> int:
         dtype=args.dtype,
         num_threads=args.threads,
         replica_id=args.replica_id,
+        policy=args.policy,
         log_level=args.log_level,
     )
     configure_logging(settings.log_level, settings.log_json)

@@ -12,6 +12,8 @@ from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
 
+from policies.scheduling_policy import SchedulingPolicy
+
 ENV_PREFIX = "MIXGATE_"
 
 
@@ -51,6 +53,8 @@ class Settings:
     kv_cache_bytes: int = 1 << 30
     log_level: str = "info"
     log_json: bool = True
+    # "mixgate" | "priority" | "fcfs": the scheduling preset (policies/scheduling_policy.py).
+    policy: str = "mixgate"
 
     def __post_init__(self) -> None:
         if not 0 < self.port < 65536 and self.port != 0:
@@ -61,6 +65,8 @@ class Settings:
             raise ValueError("max_attempts must be at least 1")
         if self.max_body_bytes < 1024:
             raise ValueError("max_body_bytes must be at least 1024")
+        if self.policy not in {p.value for p in SchedulingPolicy}:
+            raise ValueError(f"unknown policy {self.policy!r}: fcfs, priority or mixgate")
         if "{" not in self.key_prefix or "}" not in self.key_prefix:
             raise ValueError("key_prefix must contain a {hash tag} (Redis Cluster slots)")
 

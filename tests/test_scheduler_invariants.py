@@ -183,3 +183,63 @@ def test_interactive_decodes_preempt_bulk_when_blocks_run_out() -> None:
             break
     assert chat.is_finished and chat.metrics.num_preemptions == 0
     assert bulk.seq_id in preempted
+
+
+def test_fcfs_serves_in_arrival_order_whatever_the_class() -> None:
+    config = EngineConfig(
+        max_active_seqs=4, step_token_budget=32, bulk_prefill_chunk_tokens=4,
+        block_size_tokens=4, scheduling_policy="fcfs",
+    )  # fmt: skip
+    h = Harness(config, num_blocks=100, seed=2)
+    bulk = h.add(BULK, 40, 2)
+    chat = h.add(INTERACTIVE, 8, 2)
+    output = h.step()
+    # No classes and no bulk cap: the older bulk prompt takes the whole budget first.
+    assert [c.seq.seq_id for c in output.chunks] == [bulk.seq_id]
+    assert output.tokens_for(BULK) == 32
+    assert chat.metrics.first_scheduled_s is None
+
+
+def test_mixgate_caps_bulk_prefill_where_priority_does_not() -> None:
+    def first_step_bulk_tokens(policy: str) -> int:
+        config = EngineConfig(
+            max_active_seqs=4, step_token_budget=32, bulk_prefill_chunk_tokens=4,
+            block_size_tokens=4, scheduling_policy=policy,
+        )  # fmt: skip
+        h = Harness(config, num_blocks=100, seed=2)
+        h.add(BULK, 40, 2)
+        return h.step().tokens_for(BULK)
+
+    assert first_step_bulk_tokens("mixgate") == 4
+    assert first_step_bulk_tokens("priority") == 32
+
+
+def test_priority_never_ages_bulk_under_a_flood() -> None:
+    config = EngineConfig(
+        max_active_seqs=8, step_token_budget=64, bulk_prefill_chunk_tokens=16,
+        bulk_min_share=0.25, bulk_aging_s=1.0, block_size_tokens=8, scheduling_policy="priority",
+    )  # fmt: skip
+    h = Harness(config, num_blocks=400, seed=3)
+    bulk = [h.add(BULK, 120, 1) for _ in range(4)]
+    for _ in range(300):
+        for _ in range(2):
+            h.add(INTERACTIVE, 96, 2)
+        assert h.step().bulk_guaranteed_tokens == 0
+    assert not any(s.is_finished for s in bulk)
+
+
+def test_priority_does_not_preempt_to_admit_but_mixgate_does() -> None:
+    def preemptions(policy: str) -> int:
+        config = EngineConfig(
+            max_active_seqs=2, step_token_budget=16, block_size_tokens=4,
+            scheduling_policy=policy,
+        )  # fmt: skip
+        h = Harness(config, num_blocks=100, seed=4)
+        h.add(BULK, 4, 50)
+        h.add(BULK, 4, 50)
+        h.step()  # both bulk sequences running: every slot taken
+        h.add(INTERACTIVE, 4, 2)
+        return len(h.step().preemptions)
+
+    assert preemptions("mixgate") == 1
+    assert preemptions("priority") == 0
