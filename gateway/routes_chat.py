@@ -40,6 +40,8 @@ from gateway.token_stream import DELTA, END, ERROR, StreamEvent
 from policies.request_class import RequestClass
 
 log = structlog.get_logger("mixgate.chat")
+# A client that sends this header with "1" gets the server's timings in the final chunk.
+TIMINGS_HEADER = "x-mixgate-timings"
 SSE_HEADERS = {"Cache-Control": "no-store", "X-Accel-Buffering": "no"}
 
 
@@ -65,7 +67,7 @@ async def chat_completions(request: Request) -> Response:
     state.metrics.requests.labels(cls.value, "chat", "admitted").inc()
     if payload.stream:
         return StreamingResponse(
-            _sse(state, admitted, principal.tenant),
+            _sse(state, admitted, principal.tenant, request.headers.get(TIMINGS_HEADER) == "1"),
             media_type="text/event-stream",
             headers=SSE_HEADERS,
         )
@@ -104,7 +106,9 @@ async def _cancel(state: GatewayState, job_id: str, tenant: str) -> None:
             log.warning("cancel_failed", job_id=job_id, exc_info=True)
 
 
-async def _sse(state: GatewayState, admitted: Admitted, tenant: str) -> AsyncIterator[bytes]:
+async def _sse(
+    state: GatewayState, admitted: Admitted, tenant: str, with_timings: bool
+) -> AsyncIterator[bytes]:
     payload, job_id = admitted.payload, admitted.job_id
     usage = payload.include_usage
 
@@ -122,7 +126,18 @@ async def _sse(state: GatewayState, admitted: Admitted, tenant: str) -> AsyncIte
             if event.kind == DELTA and event.data["text"]:
                 yield chunk(content_delta(event.data["text"]), None)
             elif event.kind == END:
-                yield chunk({}, event.data["finish_reason"])
+                last = chat_chunk_body(
+                    job_id,
+                    payload.created_s,
+                    payload.model,
+                    {},
+                    event.data["finish_reason"],
+                    include_usage=usage,
+                )
+                if with_timings:
+                    # Opt-in extension (load generators): server-side queue delay and TTFT.
+                    last["mixgate_timings"] = event.data.get("timings")
+                yield _frame(last)
                 if usage:
                     yield _frame(
                         chat_chunk_body(
