@@ -19,13 +19,7 @@ import asyncio
 import json
 import math
 import os
-import shutil
-import socket
-import subprocess
 import tempfile
-import time
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -34,6 +28,7 @@ from rich.table import Table
 
 from bench.gateway_bench_queue import run_queue_bench
 from bench.gateway_bench_ttft import MAX_TOKENS, engine_ttft_ms, gateway_ttft_ms
+from bench.processes import redis_url
 from engine.make_model import make_model
 
 __all__ = ["percentiles", "run_gateway_bench"]
@@ -55,53 +50,8 @@ def percentiles(values: list[float]) -> dict[str, float]:
     return {"p50": rank(0.50), "p99": rank(0.99)}
 
 
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
-
-
-def _answers_ping(port: int) -> bool:
-    try:
-        with socket.create_connection(("127.0.0.1", port), timeout=0.5) as s:
-            s.sendall(b"PING\r\n")
-            return s.recv(16).startswith(b"+PONG")
-    except OSError:
-        return False
-
-
-@contextmanager
-def _redis_url(given: str | None, data_dir: Path) -> Iterator[str]:
-    """The given URL, or that of a redis-server child (no persistence) stopped on exit."""
-    if given is not None:
-        yield given
-        return
-    binary = shutil.which("redis-server")
-    if binary is None:
-        raise RuntimeError("no --redis-url and no redis-server on PATH")
-    port = _free_port()
-    args = [binary, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly"]
-    args += ["no", "--dir", str(data_dir), "--logfile", str(data_dir / "redis.log")]
-    proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    try:
-        deadline = time.monotonic() + 10.0
-        while not _answers_ping(port):
-            if proc.poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError(f"redis-server did not start; see {data_dir / 'redis.log'}")
-            time.sleep(0.01)
-        yield f"redis://127.0.0.1:{port}/0"
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=5)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
-
-
 def _measure(args: argparse.Namespace, work: Path) -> dict[str, Any]:
-    with _redis_url(args.redis_url, work) as url:
+    with redis_url(args.redis_url, work) as url:
         queue = asyncio.run(run_queue_bench(url, args.admissions, args.concurrency))
         model_dir = make_model(work / "model", PRESET, seed=0)
         gateway = gateway_ttft_ms(model_dir, url, work / "server", args.chats)

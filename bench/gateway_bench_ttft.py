@@ -8,11 +8,6 @@ side, so they share no CPU but see different noise.
 from __future__ import annotations
 
 import json
-import os
-import signal
-import socket
-import subprocess
-import sys
 import time
 import uuid
 from collections.abc import Iterator
@@ -21,6 +16,7 @@ from typing import Any
 
 import httpx
 
+from bench.processes import ServerProcess
 from engine.async_engine import AsyncEngine
 from engine.config import EngineConfig
 from engine.llm_engine import LLMEngine
@@ -38,60 +34,6 @@ def prompts(count: int) -> list[list[dict[str, str]]]:
         [{"role": "user", "content": f"Question {i}: tell me about lighthouse number {i}."}]
         for i in range(count)
     ]
-
-
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
-
-
-class Server:
-    """A `mixgate serve` child on loopback with its own key prefix and one thread."""
-
-    def __init__(self, model_dir: Path, redis_url: str, data_dir: Path) -> None:
-        self.port = _free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
-        data_dir.mkdir(parents=True, exist_ok=True)
-        self.log_path = data_dir / "server.log"
-        env = {k: v for k, v in os.environ.items() if not k.startswith("MIXGATE_")}
-        env |= {
-            "MIXGATE_KEY_PREFIX": f"{{mg-bench-{uuid.uuid4().hex[:8]}}}:",
-            "MIXGATE_DATA_DIR": str(data_dir),
-            "MIXGATE_NUM_THREADS": "1",
-            "MIXGATE_KV_CACHE_BYTES": str(KV_CACHE_BYTES),
-            "MIXGATE_LOG_LEVEL": "warning",
-        }
-        args = [sys.executable, "-m", "mixgate", "serve", "--model", str(model_dir)]
-        args += ["--port", str(self.port), "--redis-url", redis_url, "--device", "cpu"]
-        with self.log_path.open("ab") as log:
-            self.process = subprocess.Popen(args, env=env, stdout=log, stderr=subprocess.STDOUT)
-
-    def wait_ready(self, timeout_s: float = 120.0) -> None:
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
-            if self.process.poll() is not None:
-                raise RuntimeError(f"mixgate serve exited early:\n{self.logs()}")
-            try:
-                if httpx.get(self.url + "/readyz", timeout=1.0).status_code == 200:
-                    return
-            except httpx.HTTPError:
-                pass
-            time.sleep(0.05)
-        raise RuntimeError(f"mixgate serve not ready in {timeout_s} s:\n{self.logs()}")
-
-    def logs(self) -> str:
-        return self.log_path.read_text(errors="replace")[-5000:]
-
-    def stop(self) -> None:
-        if self.process.poll() is None:
-            self.process.send_signal(signal.SIGTERM)
-            try:
-                self.process.wait(30)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait(10)
 
 
 def _content_frames(lines: Iterator[str]) -> Iterator[str]:
@@ -121,9 +63,12 @@ def _one_chat_ttft_ms(client: httpx.Client, body: dict[str, Any]) -> float | Non
 
 def gateway_ttft_ms(model_dir: Path, redis_url: str, data_dir: Path, chats: int) -> list[float]:
     """TTFT of each chat through a fresh `mixgate serve`; chats with no content are left out."""
-    server = Server(model_dir, redis_url, data_dir)
+    prefix = f"{{mg-bench-{uuid.uuid4().hex[:8]}}}:"
+    server = ServerProcess(
+        model_dir, redis_url, prefix, data_dir, extra_env={"MIXGATE_LOG_LEVEL": "warning"}
+    )
     try:
-        server.wait_ready()
+        server.start()
         with httpx.Client(base_url=server.url, timeout=60.0) as client:
             model = str(client.get("/v1/models").json()["data"][0]["id"])
             out: list[float] = []

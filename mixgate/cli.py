@@ -24,6 +24,12 @@ def _bench_engine(args: argparse.Namespace) -> int:
     return run_engine_bench(args)
 
 
+def _bench_gateway(args: argparse.Namespace) -> int:
+    from bench.gateway_bench import run_gateway_bench
+
+    return run_gateway_bench(args)
+
+
 def _serve(args: argparse.Namespace) -> int:
     from gateway.serve import run_serve
 
@@ -83,6 +89,13 @@ def _add_bench(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
         help="matrix size for the bandwidth measurement (default: 2x the L3, at least 256)",
     )
     engine.set_defaults(handler=_bench_engine)
+    gateway = kinds.add_parser("gateway", help="queue round trips; TTFT via gateway vs engine")
+    gateway.add_argument("--redis-url", default=None, help="default: a throwaway redis-server")
+    gateway.add_argument("--admissions", type=int, default=2000)
+    gateway.add_argument("--concurrency", type=int, default=32)
+    gateway.add_argument("--chats", type=int, default=200)
+    gateway.add_argument("--json", default=None, help="write results here")
+    gateway.set_defaults(handler=_bench_gateway)
 
 
 def build_parser() -> argparse.ArgumentParser:

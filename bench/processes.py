@@ -1,0 +1,179 @@
+"""Real processes a benchmark (or an end-to-end test) drives: a throwaway redis-server and
+`mixgate serve` children on loopback."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import httpx
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        port: int = s.getsockname()[1]
+        return port
+
+
+def stop_process(proc: subprocess.Popen[bytes], timeout_s: float = 5.0) -> int:
+    """SIGTERM, then SIGKILL after the timeout; returns the exit code."""
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(timeout_s)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(10)
+    return proc.returncode
+
+
+def _answers_ping(port: int) -> bool:
+    try:
+        with socket.create_connection(("127.0.0.1", port), timeout=0.5) as s:
+            s.sendall(b"PING\r\n")
+            return s.recv(16).startswith(b"+PONG")
+    except OSError:
+        return False
+
+
+def start_redis(binary: str, data_dir: Path) -> tuple[subprocess.Popen[bytes], int]:
+    """A redis-server on a free loopback port, without persistence; retried because the free
+    port can be taken between probing and binding."""
+    data_dir.mkdir(parents=True, exist_ok=True)
+    for _ in range(3):
+        port = free_port()
+        proc = subprocess.Popen(
+            [
+                binary,
+                "--port",
+                str(port),
+                "--bind",
+                "127.0.0.1",
+                "--save",
+                "",
+                "--appendonly",
+                "no",
+                "--dir",
+                str(data_dir),
+                "--logfile",
+                str(data_dir / f"redis-{port}.log"),
+            ],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        deadline = time.monotonic() + 10.0
+        while proc.poll() is None and time.monotonic() < deadline:
+            if _answers_ping(port):
+                return proc, port
+            time.sleep(0.01)
+        stop_process(proc)
+    raise RuntimeError(f"redis-server did not start; see the logs in {data_dir}")
+
+
+@contextmanager
+def redis_url(given: str | None, data_dir: Path) -> Iterator[str]:
+    """The given URL, or that of a throwaway redis-server stopped on exit."""
+    if given is not None:
+        yield given
+        return
+    binary = shutil.which("redis-server")
+    if binary is None:
+        raise RuntimeError("no --redis-url and no redis-server on PATH")
+    proc, port = start_redis(binary, data_dir)
+    try:
+        yield f"redis://127.0.0.1:{port}/0"
+    finally:
+        stop_process(proc)
+
+
+@dataclass
+class ServerProcess:
+    """A `mixgate serve` child with its own key prefix and data folder."""
+
+    model_dir: Path
+    redis_url: str
+    key_prefix: str
+    data_dir: Path
+    envelope_path: Path | None = None
+    api_keys_json: str | None = None
+    policy: str | None = None
+    extra_env: dict[str, str] = field(default_factory=dict)
+    port: int = field(default_factory=free_port)
+    process: subprocess.Popen[bytes] | None = None
+    log_path: Path | None = None
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def start(self, ready_timeout_s: float = 120.0) -> ServerProcess:
+        # The child's settings come from here alone, not from the caller's MIXGATE_* variables.
+        env = {k: v for k, v in os.environ.items() if not k.startswith("MIXGATE_")}
+        env |= {
+            "MIXGATE_KEY_PREFIX": self.key_prefix,
+            "MIXGATE_DATA_DIR": str(self.data_dir),
+            "MIXGATE_NUM_THREADS": "1",
+            "MIXGATE_LEASE_S": "2",
+            "MIXGATE_KV_CACHE_BYTES": str(64 << 20),
+            **self.extra_env,
+        }
+        if self.api_keys_json is not None:
+            env["MIXGATE_API_KEYS"] = self.api_keys_json
+        args = [
+            sys.executable,
+            "-m",
+            "mixgate",
+            "serve",
+            "--model",
+            str(self.model_dir),
+            "--port",
+            str(self.port),
+            "--redis-url",
+            self.redis_url,
+            "--device",
+            "cpu",
+        ]
+        if self.envelope_path is not None:
+            args += ["--envelope", str(self.envelope_path)]
+        if self.policy is not None:
+            args += ["--policy", self.policy]
+        self.data_dir.mkdir(parents=True, exist_ok=True)
+        self.log_path = self.data_dir / f"server-{self.port}.log"
+        with self.log_path.open("ab") as log:
+            self.process = subprocess.Popen(args, env=env, stdout=log, stderr=subprocess.STDOUT)
+        self.wait_ready(ready_timeout_s)
+        return self
+
+    def wait_ready(self, timeout_s: float) -> None:
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if self.process is None or self.process.poll() is not None:
+                raise RuntimeError(f"mixgate serve exited early:\n{self.logs()}")
+            try:
+                if httpx.get(self.url + "/readyz", timeout=1.0).status_code == 200:
+                    return
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.05)
+        raise RuntimeError(f"mixgate serve not ready in {timeout_s} s:\n{self.logs()}")
+
+    def logs(self) -> str:
+        return self.log_path.read_text(errors="replace")[-5000:] if self.log_path else ""
+
+    def kill(self) -> None:
+        if self.process is not None and self.process.poll() is None:
+            self.process.send_signal(signal.SIGKILL)
+            self.process.wait(10)
+
+    def stop(self) -> int | None:
+        return None if self.process is None else stop_process(self.process, 30.0)
