@@ -47,6 +47,13 @@ def require_ready(state: GatewayState) -> None:
         raise APIError.service_unavailable("the service is not ready: " + "; ".join(reasons))
 
 
+def require_model(state: GatewayState, model: str) -> None:
+    if model != state.model_name:
+        raise APIError.not_found(
+            f"The model `{model}` does not exist.", param="model", code="model_not_found"
+        )
+
+
 def authenticate(request: Request, state: GatewayState) -> Principal:
     principal = state.auth.authenticate(request.headers.get("authorization"))
     structlog.contextvars.bind_contextvars(tenant=principal.tenant, key_id=principal.key_id)

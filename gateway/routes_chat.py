@@ -26,6 +26,7 @@ from gateway.intake import (
     build_payload,
     interactive_deadline_s,
     request_class,
+    require_model,
     require_ready,
 )
 from gateway.schemas import (
@@ -54,10 +55,7 @@ async def chat_completions(request: Request) -> Response:
     require_ready(state)
     principal = authenticate(request, state)
     body = parse_chat_request(await read_json_body(request, state.settings.max_body_bytes))
-    if body.model != state.model_name:
-        raise APIError.not_found(
-            f"The model `{body.model}` does not exist.", param="model", code="model_not_found"
-        )
+    require_model(state, body.model)
     cls = request_class(request, RequestClass.INTERACTIVE, body.service_tier, principal)
     payload = build_payload(state, body, cls)
     deadline_s = interactive_deadline_s(request) if cls is RequestClass.INTERACTIVE else None

@@ -15,7 +15,14 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
 from gateway.errors import APIError, read_json_body
-from gateway.intake import admit, authenticate, build_payload, request_class, require_ready
+from gateway.intake import (
+    admit,
+    authenticate,
+    build_payload,
+    request_class,
+    require_model,
+    require_ready,
+)
 from gateway.job_payload import JobPayload
 from gateway.queue import JobRecord
 from gateway.schemas import chat_completion_body, job_deadline_s, parse_job_request
@@ -30,10 +37,7 @@ async def create_job(request: Request) -> Response:
     require_ready(state)
     principal = authenticate(request, state)
     body = parse_job_request(await read_json_body(request, state.settings.max_body_bytes))
-    if body.model != state.model_name:
-        raise APIError.not_found(
-            f"The model `{body.model}` does not exist.", param="model", code="model_not_found"
-        )
+    require_model(state, body.model)
     cls = request_class(request, RequestClass.BULK, body.service_tier, principal)
     payload = build_payload(state, body, cls)
     admitted = await admit(
