@@ -88,10 +88,10 @@ def create_app(settings: Settings, *, redis_client: aioredis.Redis | None = None
         if redis_client is not None:
             client = redis_client
         elif settings.redis_url:
-            client = aioredis.from_url(settings.redis_url, decode_responses=True)
+            client = aioredis.Redis(connection_pool=_pool(settings, url=settings.redis_url))
         else:
             embedded = EmbeddedRedis(settings.data_dir)
-            client = await embedded.start()
+            client = await embedded.start(lambda socket: _pool(settings, unix_socket_path=socket))
         state.redis = client
         keys = Keys(settings.key_prefix)
         state.store = QueueStore(client, keys)
@@ -144,6 +144,24 @@ def create_app(settings: Settings, *, redis_client: aioredis.Redis | None = None
     )
     app.state.gw = state
     return app
+
+
+def _pool(settings: Settings, **where: str) -> aioredis.BlockingConnectionPool:
+    """A bounded pool that waits for a free connection instead of failing at once."""
+    if "url" in where:
+        return aioredis.BlockingConnectionPool.from_url(
+            where["url"],
+            max_connections=settings.redis_max_connections,
+            timeout=settings.redis_pool_timeout_s,
+            decode_responses=True,
+        )
+    return aioredis.BlockingConnectionPool(
+        max_connections=settings.redis_max_connections,
+        timeout=settings.redis_pool_timeout_s,
+        connection_class=aioredis.UnixDomainSocketConnection,
+        path=where["unix_socket_path"],
+        decode_responses=True,
+    )
 
 
 def _depths(state: GatewayState) -> dict[RequestClass, tuple[int, int]]:

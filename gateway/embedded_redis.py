@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import shutil
 import subprocess
+from collections.abc import Callable
 from pathlib import Path
 
 import redis.asyncio as aioredis
@@ -22,7 +23,9 @@ class EmbeddedRedis:
         self.socket_path = self.data_dir / "redis.sock"
         self._process: subprocess.Popen[bytes] | None = None
 
-    async def start(self) -> aioredis.Redis:
+    async def start(
+        self, pool_for: Callable[[str], aioredis.BlockingConnectionPool] | None = None
+    ) -> aioredis.Redis:
         binary = shutil.which("redis-server")
         if binary is None:
             return self._fake()
@@ -53,7 +56,10 @@ class EmbeddedRedis:
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
         )
-        client = aioredis.Redis(unix_socket_path=str(self.socket_path), decode_responses=True)
+        if pool_for is not None:
+            client = aioredis.Redis(connection_pool=pool_for(str(self.socket_path)))
+        else:
+            client = aioredis.Redis(unix_socket_path=str(self.socket_path), decode_responses=True)
         for _ in range(500):
             if self._process.poll() is not None:
                 raise RuntimeError(f"embedded redis-server exited; see {self.data_dir}/redis.log")

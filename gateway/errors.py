@@ -16,6 +16,7 @@ from http import HTTPStatus
 from itertools import accumulate
 from typing import Any, Final
 
+from redis.exceptions import RedisError
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 from starlette.requests import Request
@@ -227,12 +228,21 @@ async def _handle_unexpected(request: Request, exc: Exception) -> Response:
     return error_response(APIError.internal())
 
 
+async def _handle_redis_error(request: Request, exc: Exception) -> Response:
+    # Redis down, or every pooled connection busy past the pool timeout: the request was not
+    # accepted, so the client may retry (503, as DESIGN.md's HTTP conventions say).
+    return error_response(
+        APIError.service_unavailable("the queue store is unavailable", "redis_unavailable", 1.0)
+    )
+
+
 _Handler = Callable[[Request, Exception], Awaitable[Response]]
 
 # For `Starlette(exception_handlers=EXCEPTION_HANDLERS)`; `Exception` maps to the 500 handler.
 EXCEPTION_HANDLERS: Final[Mapping[Any, _Handler]] = {
     APIError: _handle_api_error,
     HTTPException: _handle_http_exception,
+    RedisError: _handle_redis_error,
     Exception: _handle_unexpected,
 }
 

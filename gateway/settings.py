@@ -39,6 +39,10 @@ class Settings:
     key_prefix: str = "{mixgate}:"
     replica_id: str = field(default_factory=_default_replica_id)
     lease_s: float = 10.0
+    # Redis connections per replica: every open SSE stream holds one while it blocks on
+    # XREAD; past this, callers wait up to redis_pool_timeout_s, then get 503.
+    redis_max_connections: int = 4096
+    redis_pool_timeout_s: float = 5.0
     max_attempts: int = 3
     max_body_bytes: int = 4 * 1024 * 1024
     # Token streams stay readable this long after they end (late readers, resumes).
@@ -95,8 +99,16 @@ class Settings:
 
 
 _PATHS = {"model_dir", "data_dir", "envelope_path", "api_keys_path"}
-_INTS = {"port", "max_attempts", "max_body_bytes", "stream_ttl_s", "num_threads", "kv_cache_bytes"}
-_FLOATS = {"lease_s", "stream_idle_timeout_s", "drain_timeout_s"}
+_INTS = {
+    "port",
+    "max_attempts",
+    "max_body_bytes",
+    "stream_ttl_s",
+    "num_threads",
+    "kv_cache_bytes",
+    "redis_max_connections",
+}
+_FLOATS = {"lease_s", "stream_idle_timeout_s", "drain_timeout_s", "redis_pool_timeout_s"}
 
 
 def _parse(name: str, raw: str) -> Any:
