@@ -30,6 +30,46 @@ def _bench_gateway(args: argparse.Namespace) -> int:
     return run_gateway_bench(args)
 
 
+def _bench_compare(args: argparse.Namespace) -> int:
+    from bench.compare import run_compare
+
+    return run_compare(args)
+
+
+def _bench_sweep(args: argparse.Namespace) -> int:
+    from bench.sweep import run_sweep
+
+    return run_sweep(args)
+
+
+def _envelope_derive(args: argparse.Namespace) -> int:
+    from bench.envelope_cli import run_envelope_derive
+
+    return run_envelope_derive(args)
+
+
+def _add_live_run_arguments(parser: argparse.ArgumentParser) -> None:
+    """What compare and sweep share: the workload, the model, the machine split."""
+    parser.add_argument("--workload", required=True, help="a builtin name or a TOML file")
+    parser.add_argument("--out", required=True, help="results folder")
+    parser.add_argument("--model", default=None, help="model folder (default: make --preset)")
+    parser.add_argument("--preset", default="small", help="preset made when --model is not given")
+    parser.add_argument("--redis-url", default=None, help="default: a throwaway redis-server")
+    parser.add_argument("--threads", type=int, default=1, help="server torch threads")
+    parser.add_argument("--duration-s", type=float, default=None, help="override the workload's")
+
+
+def _add_envelope(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    envelope = sub.add_parser("envelope", help="operating envelopes")
+    kinds = envelope.add_subparsers(dest="envelope_kind", required=True)
+    derive = kinds.add_parser("derive", help="pick the envelope that meets an SLO from a sweep")
+    derive.add_argument("dir", help="a sweep folder (mixgate bench sweep --out)")
+    derive.add_argument("--slo", required=True, help="SLO targets (TOML)")
+    derive.add_argument("--out", required=True, help="envelope TOML to write")
+    derive.add_argument("--base", default=None, help="envelope to start from (TOML)")
+    derive.set_defaults(handler=_envelope_derive)
+
+
 def _serve(args: argparse.Namespace) -> int:
     from gateway.serve import run_serve
 
@@ -96,6 +136,17 @@ def _add_bench(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     gateway.add_argument("--chats", type=int, default=200)
     gateway.add_argument("--json", default=None, help="write results here")
     gateway.set_defaults(handler=_bench_gateway)
+    compare = kinds.add_parser("compare", help="one workload under each policy, side by side")
+    _add_live_run_arguments(compare)
+    compare.add_argument("--policies", default="fcfs,priority,mixgate")
+    compare.set_defaults(handler=_bench_compare)
+    sweep = kinds.add_parser("sweep", help="offered load x engine knobs, for envelope derive")
+    _add_live_run_arguments(sweep)
+    sweep.add_argument("--loads", default="0.5,1,1.5", help="load factors applied to the workload")
+    sweep.add_argument("--max-active-seqs", default="16,32")
+    sweep.add_argument("--step-token-budgets", default="256,512")
+    sweep.add_argument("--policy", default="mixgate")
+    sweep.set_defaults(handler=_bench_sweep)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -112,6 +163,7 @@ _SUBCOMMANDS: list[Callable[[argparse._SubParsersAction[argparse.ArgumentParser]
     _add_serve,
     _add_make_model,
     _add_bench,
+    _add_envelope,
 ]
 
 

@@ -1,0 +1,132 @@
+"""`mixgate bench compare`: the same seeded workload under each policy, side by side.
+
+Per policy it runs the workload as given ("mixed"), and each class alone ("chat-alone",
+"bulk-alone"), so the headline ratios say what sharing the engine costs each class:
+interactive TTFT p99 and ITL p99 under the bulk load over chat alone, and bulk tokens/s
+under the chat load over bulk alone.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+from rich.table import Table
+
+from bench.live_run import RunSpec, run_live
+from bench.plots import plot_vs_load
+from bench.processes import redis_url
+from bench.report import render_comparison
+from bench.summary import headline_ratios
+from bench.workload import Workload, load_workload
+from engine.make_model import make_model
+from policies.request_class import RequestClass
+from policies.scheduling_policy import SchedulingPolicy
+
+
+def ensure_model(model: str | None, out: Path, preset: str) -> Path:
+    if model is not None:
+        return Path(model)
+    model_dir = out / "model"
+    if not (model_dir / "config.json").is_file():
+        make_model(model_dir, preset, seed=0)
+    return model_dir
+
+
+def variants(workload: Workload) -> list[tuple[str, Workload]]:
+    runs = [("mixed", workload)]
+    if len(workload.classes) == 2:
+        runs += [
+            ("chat-alone", workload.only(RequestClass.INTERACTIVE)),
+            ("bulk-alone", workload.only(RequestClass.BULK)),
+        ]
+    return runs
+
+
+def run_compare(args: argparse.Namespace) -> int:
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    workload = load_workload(args.workload)
+    if args.duration_s is not None:
+        workload = replace(workload, duration_s=args.duration_s)
+    policies = [SchedulingPolicy(p.strip()) for p in args.policies.split(",")]
+    model_dir = ensure_model(args.model, out, args.preset)
+    rows: list[dict[str, Any]] = []
+    with redis_url(args.redis_url, out / "redis") as url:
+        for policy in policies:
+            spec = RunSpec(model_dir, url, policy.value, threads=args.threads)
+            summaries = {
+                name: run_live(
+                    spec,
+                    wl,
+                    out / policy.value / name,
+                    f"{workload.name}: {name} under {policy.value}",
+                    {"variant": name, "workload_name": wl.name},
+                )
+                for name, wl in variants(workload)
+            }
+            ratios = headline_ratios(
+                summaries["mixed"], summaries.get("chat-alone"), summaries.get("bulk-alone")
+            )
+            rows.append(
+                {
+                    "policy": policy.value,
+                    "summary": summaries["mixed"],
+                    "ratios": ratios,
+                    "alone": {k: v for k, v in summaries.items() if k != "mixed"},
+                }
+            )
+    (out / "comparison.json").write_text(json.dumps(rows, indent=2) + "\n")
+    (out / "comparison.md").write_text(
+        f"# {workload.name}: {', '.join(p.value for p in policies)}\n\n" + render_comparison(rows)
+    )
+    plot_vs_load(
+        [{"policy": r["policy"], "offered_load": 1.0, **r["summary"]} for r in rows], out / "vs_"
+    )
+    _print(rows)
+    print(f"results in {out}")
+    return 0
+
+
+def _ms(value: Any) -> str:
+    return "-" if value is None else f"{value * 1000:.0f}"
+
+
+def _x(value: Any) -> str:
+    return "-" if value is None else f"{value:.2f}x"
+
+
+def _print(rows: list[dict[str, Any]]) -> None:
+    table = Table(title="interactive under the bulk load vs chat alone; bulk vs bulk alone")
+    for column in (
+        "policy",
+        "chat TTFT p50",
+        "chat TTFT p99",
+        "chat ITL p99",
+        "bulk tok/s",
+        "chat rejected",
+        "TTFT p99 ratio",
+        "ITL p99 ratio",
+        "bulk tok/s ratio",
+    ):
+        table.add_column(column, justify="right")
+    for row in rows:
+        chat = row["summary"].get("interactive", {})
+        bulk = row["summary"].get("bulk", {})
+        ratios = row["ratios"]
+        table.add_row(
+            row["policy"],
+            _ms((chat.get("ttft_s") or {}).get("p50")),
+            _ms((chat.get("ttft_s") or {}).get("p99")),
+            _ms((chat.get("itl_s") or {}).get("p99")),
+            f"{bulk.get('output_tokens_per_s') or 0:.0f}",
+            f"{chat.get('rejection_rate') or 0:.1%}",
+            _x(ratios.get("interactive_ttft_p99_ratio")),
+            _x(ratios.get("interactive_itl_p99_ratio")),
+            _x(ratios.get("bulk_tokens_per_s_ratio")),
+        )
+    Console().print(table)

@@ -1,0 +1,65 @@
+"""`mixgate bench compare` end to end, for a few seconds on the tiny preset: every file of the
+results folder is written, for every policy and variant."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from bench.run_folder import RUN_FILES
+from mixgate.cli import main
+
+TINY_WORKLOAD = """
+name = "tiny-mixed"
+description = "a few seconds of chat over a small bulk backlog"
+duration_s = 3
+seed = 7
+
+[interactive]
+arrival = { kind = "poisson", rate_per_s = 3.0 }
+prompt_tokens = { kind = "uniform", min = 16, max = 48 }
+output_tokens = { kind = "uniform", min = 4, max = 8 }
+
+[bulk]
+arrival = { kind = "backlog", count = 6 }
+prompt_tokens = { kind = "uniform", min = 32, max = 64 }
+output_tokens = { kind = "uniform", min = 4, max = 8 }
+"""
+
+
+@pytest.mark.redis
+def test_compare_writes_every_file(tiny_model_dir: Path, redis_server: str, tmp_path: Path) -> None:
+    workload = tmp_path / "tiny.toml"
+    workload.write_text(TINY_WORKLOAD)
+    out = tmp_path / "out"
+    code = main(
+        [
+            "bench",
+            "compare",
+            "--workload",
+            str(workload),
+            "--out",
+            str(out),
+            "--model",
+            str(tiny_model_dir),
+            "--redis-url",
+            redis_server,
+            "--policies",
+            "fcfs,mixgate",
+        ]
+    )
+    assert code == 0
+    for policy in ("fcfs", "mixgate"):
+        for variant in ("mixed", "chat-alone", "bulk-alone"):
+            folder = out / policy / variant
+            missing = [name for name in RUN_FILES if not (folder / name).is_file()]
+            assert not missing, f"{folder}: missing {missing}"
+            summary = json.loads((folder / "summary.json").read_text())
+            assert summary["overall"]["count"] > 0
+    rows = json.loads((out / "comparison.json").read_text())
+    assert [r["policy"] for r in rows] == ["fcfs", "mixgate"]
+    assert all(r["ratios"]["interactive_ttft_p99_ratio"] is not None for r in rows)
+    assert (out / "comparison.md").read_text().count("mixgate") >= 1
+    assert sorted(p.name for p in out.glob("vs_*.png"))
