@@ -115,8 +115,8 @@ def _print(rows: list[dict[str, Any]]) -> None:
     ):
         table.add_column(column, justify="right")
     for row in rows:
-        chat = row["summary"].get("interactive", {})
-        bulk = row["summary"].get("bulk", {})
+        classes = row["summary"]["classes"]
+        chat, bulk = classes.get("interactive", {}), classes.get("bulk", {})
         ratios = row["ratios"]
         table.add_row(
             row["policy"],

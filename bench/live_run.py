@@ -14,6 +14,7 @@ import httpx
 
 from bench.loadgen import run_load
 from bench.processes import ServerProcess
+from bench.records import MetricSample
 from bench.run_folder import write_run_folder
 from bench.summary import summarize
 from bench.workload import Workload, dump_workload
@@ -29,6 +30,21 @@ class RunSpec:
     threads: int = 1
     kv_cache_bytes: int = 256 << 20
     envelope_path: Path | None = None
+
+
+def server_pressure(samples: list[MetricSample]) -> dict[str, Any]:
+    """Cache pressure and queueing over the run, from the /metrics samples."""
+    if not samples:
+        return {}
+    kv = [s.kv_usage for s in samples]
+    classes = sorted({c for s in samples for c in s.queue_depth})
+    return {
+        "kv_usage_max": max(kv),
+        "kv_usage_mean": sum(kv) / len(kv),
+        "queue_depth_max": {c: max(s.queue_depth.get(c, 0.0) for s in samples) for c in classes},
+        "preemptions": samples[-1].preemptions - samples[0].preemptions,
+        "engine_steps": samples[-1].steps - samples[0].steps,
+    }
 
 
 def model_name(url: str) -> str:
@@ -59,6 +75,7 @@ def run_live(
     finally:
         server.stop()
     summary = summarize(result.records, result.duration_s)
+    summary["server"] = server_pressure(result.samples)
     model = ModelConfig.from_pretrained(spec.model_dir)
     runtime_config = {
         "policy": spec.policy,
