@@ -4,7 +4,13 @@ from __future__ import annotations
 
 import torch
 
-from engine.attention import PagedAttention, PagedAttentionMetadata, PrefillSpan
+from engine.attention import (
+    DecodeGroup,
+    GatherBuffers,
+    PagedAttention,
+    PagedAttentionMetadata,
+    PrefillSpan,
+)
 from engine.model import LlamaModel
 from engine.model_config import ModelConfig
 from engine.sampler import Sampler
@@ -50,15 +56,18 @@ class ModelRunner:
             device=device,
         )
         self.sampler = Sampler(device, seed)
+        self.gather_buffers = GatherBuffers()
 
     @torch.inference_mode()
     def execute(self, output: SchedulerOutput) -> dict[str, int]:
         """Run the step's forward and return the token sampled for each chunk that samples."""
-        # Single-token chunks first: the attention backend batches them in one call.
-        chunks = sorted(output.chunks, key=lambda c: c.num_tokens != 1)
+        # Single-token chunks first, shortest context first: the attention backend batches
+        # them by similar length.
+        chunks = sorted(output.chunks, key=lambda c: (c.num_tokens != 1, c.end_pos))
         input_ids, positions, slots = self._flatten(chunks)
         meta = self._metadata(chunks, slots)
-        hidden = self.model(input_ids, positions, PagedAttention(self.kv_cache, meta))
+        attention = PagedAttention(self.kv_cache, meta, self.gather_buffers)
+        hidden = self.model(input_ids, positions, attention)
         sample_rows, sampling = [], []
         row = 0
         for chunk in chunks:
@@ -98,22 +107,52 @@ class ModelRunner:
         self, chunks: list[ScheduledChunk], slots: torch.Tensor
     ) -> PagedAttentionMetadata:
         singles = [c for c in chunks if c.num_tokens == 1]
-        tables = masks = None
-        if singles:
-            max_blocks = max(-(-c.end_pos // self.block_size) for c in singles)
-            padded = [
-                c.seq.block_table[:max_blocks] + [0] * (max_blocks - len(c.seq.block_table))
-                for c in singles
-            ]
-            tables = torch.tensor(padded, dtype=torch.long, device=self.device)
-            key_pos = torch.arange(max_blocks * self.block_size, device=self.device)
-            lengths = torch.tensor([c.end_pos for c in singles], device=self.device)
-            masks = (key_pos.unsqueeze(0) < lengths.unsqueeze(1)).view(len(singles), 1, 1, -1)
+        groups = []
+        start = 0
+        for group in _length_groups([self._blocks(c) for c in singles]):
+            members = singles[start : start + group]
+            groups.append(self._decode_group(members, start))
+            start += group
         spans = []
-        start = len(singles)
         for chunk in chunks[len(singles) :]:
-            num_blocks = -(-chunk.end_pos // self.block_size)
-            table = torch.tensor(chunk.seq.block_table[:num_blocks], device=self.device)
-            spans.append(PrefillSpan(start, start + chunk.num_tokens, chunk.end_pos, table))
+            table = torch.tensor(chunk.seq.block_table[: self._blocks(chunk)], device=self.device)
+            mask = None
+            if chunk.start_pos > 0:
+                query_pos = torch.arange(chunk.start_pos, chunk.end_pos, device=self.device)
+                key_pos = torch.arange(chunk.end_pos, device=self.device)
+                mask = key_pos.unsqueeze(0) <= query_pos.unsqueeze(1)
+            spans.append(PrefillSpan(start, start + chunk.num_tokens, chunk.end_pos, table, mask))
             start += chunk.num_tokens
-        return PagedAttentionMetadata(slots, len(singles), tables, masks, tuple(spans))
+        return PagedAttentionMetadata(slots, tuple(groups), tuple(spans))
+
+    def _blocks(self, chunk: ScheduledChunk) -> int:
+        return -(-chunk.end_pos // self.block_size)
+
+    def _decode_group(self, members: list[ScheduledChunk], row_start: int) -> DecodeGroup:
+        max_blocks = max(self._blocks(c) for c in members)
+        padded = [
+            c.seq.block_table[:max_blocks] + [0] * (max_blocks - len(c.seq.block_table))
+            for c in members
+        ]
+        tables = torch.tensor(padded, dtype=torch.long, device=self.device)
+        key_pos = torch.arange(max_blocks * self.block_size, device=self.device)
+        lengths = torch.tensor([c.end_pos for c in members], device=self.device)
+        mask = (key_pos.unsqueeze(0) < lengths.unsqueeze(1)).view(len(members), 1, 1, -1)
+        return DecodeGroup(row_start, row_start + len(members), tables, mask)
+
+
+def _length_groups(block_counts: list[int]) -> list[int]:
+    """Split ascending block counts into runs whose padding stays small; returns run sizes.
+
+    NOTE: one padded gather for every decode copies the longest context for each sequence;
+    with mixed lengths that was nearly twice the blocks needed. A run closes once the next
+    sequence needs more than 1.5x (+1) the blocks of the run's first.
+    """
+    sizes: list[int] = []
+    first = -1
+    for count in block_counts:
+        if not sizes or count > first * 1.5 + 1:
+            sizes.append(0)
+            first = count
+        sizes[-1] += 1
+    return sizes
