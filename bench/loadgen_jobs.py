@@ -47,7 +47,9 @@ class JobWatcher:
 
     async def _run(self) -> None:
         while self._waiters:
-            await self._sleep(self._poll_s)
+            # A page per 100 outstanding jobs: poll a long list less often (at most ~4 pages
+            # a second), so the poller's load on the server stays bounded.
+            await self._sleep(max(self._poll_s, len(self._waiters) / (PAGE_LIMIT * 4)))
             with contextlib.suppress(httpx.HTTPError):
                 await self._poll_once()
 

@@ -187,9 +187,12 @@ def test_interactive_decodes_preempt_bulk_when_blocks_run_out() -> None:
 
 def test_fcfs_serves_in_arrival_order_whatever_the_class() -> None:
     config = EngineConfig(
-        max_active_seqs=4, step_token_budget=32, bulk_prefill_chunk_tokens=4,
-        block_size_tokens=4, scheduling_policy="fcfs",
-    )  # fmt: skip
+        max_active_seqs=4,
+        step_token_budget=32,
+        bulk_prefill_chunk_tokens=4,
+        block_size_tokens=4,
+        scheduling_policy="fcfs",
+    )
     h = Harness(config, num_blocks=100, seed=2)
     bulk = h.add(BULK, 40, 2)
     chat = h.add(INTERACTIVE, 8, 2)
@@ -203,9 +206,12 @@ def test_fcfs_serves_in_arrival_order_whatever_the_class() -> None:
 def test_mixgate_caps_bulk_prefill_where_priority_does_not() -> None:
     def first_step_bulk_tokens(policy: str) -> int:
         config = EngineConfig(
-            max_active_seqs=4, step_token_budget=32, bulk_prefill_chunk_tokens=4,
-            block_size_tokens=4, scheduling_policy=policy,
-        )  # fmt: skip
+            max_active_seqs=4,
+            step_token_budget=32,
+            bulk_prefill_chunk_tokens=4,
+            block_size_tokens=4,
+            scheduling_policy=policy,
+        )
         h = Harness(config, num_blocks=100, seed=2)
         h.add(BULK, 40, 2)
         return h.step().tokens_for(BULK)
@@ -216,9 +222,14 @@ def test_mixgate_caps_bulk_prefill_where_priority_does_not() -> None:
 
 def test_priority_never_ages_bulk_under_a_flood() -> None:
     config = EngineConfig(
-        max_active_seqs=8, step_token_budget=64, bulk_prefill_chunk_tokens=16,
-        bulk_min_share=0.25, bulk_aging_s=1.0, block_size_tokens=8, scheduling_policy="priority",
-    )  # fmt: skip
+        max_active_seqs=8,
+        step_token_budget=64,
+        bulk_prefill_chunk_tokens=16,
+        bulk_min_share=0.25,
+        bulk_aging_s=1.0,
+        block_size_tokens=8,
+        scheduling_policy="priority",
+    )
     h = Harness(config, num_blocks=400, seed=3)
     bulk = [h.add(BULK, 120, 1) for _ in range(4)]
     for _ in range(300):
@@ -231,9 +242,11 @@ def test_priority_never_ages_bulk_under_a_flood() -> None:
 def test_priority_does_not_preempt_to_admit_but_mixgate_does() -> None:
     def preemptions(policy: str) -> int:
         config = EngineConfig(
-            max_active_seqs=2, step_token_budget=16, block_size_tokens=4,
+            max_active_seqs=2,
+            step_token_budget=16,
+            block_size_tokens=4,
             scheduling_policy=policy,
-        )  # fmt: skip
+        )
         h = Harness(config, num_blocks=100, seed=4)
         h.add(BULK, 4, 50)
         h.add(BULK, 4, 50)
@@ -243,3 +256,26 @@ def test_priority_does_not_preempt_to_admit_but_mixgate_does() -> None:
 
     assert preemptions("mixgate") == 1
     assert preemptions("priority") == 0
+
+
+def test_interactive_preempts_aged_bulk_down_to_its_floor() -> None:
+    config = EngineConfig(
+        max_active_seqs=4,
+        step_token_budget=64,
+        bulk_prefill_chunk_tokens=4,
+        bulk_min_share=0.25,
+        bulk_aging_s=0.0,
+        block_size_tokens=4,
+    )
+    h = Harness(config, num_blocks=400, seed=5)
+    bulk = [h.add(BULK, 4, 100) for _ in range(5)]
+    for _ in range(3):  # four bulk sequences decode in every slot; the fifth waits, aged
+        h.step()
+    assert sum(1 for s in bulk if s.status is SequenceStatus.RUNNING) == 4
+    chats = [h.add(INTERACTIVE, 8, 20) for _ in range(4)]
+    output = h.step()
+    # A floor of ceil(0.25 * 4) = 1 bulk sequence keeps running for its share.
+    assert len(output.preemptions) == 3
+    assert {p.victim_class for p in output.preemptions} == {BULK}
+    assert sum(1 for s in h.scheduler.running if s.request_class is BULK) == 1
+    assert sum(1 for c in chats if c.status is SequenceStatus.RUNNING) == 3
