@@ -67,7 +67,13 @@ def run_sweep(args: argparse.Namespace) -> int:
                 workload.scaled(load),
                 folder,
                 f"{workload.name} x{load:g}, max_active_seqs={max_active}, budget={budget}",
-                {"sweep_point": {"offered_load": load, "knobs": point_knobs}},
+                {
+                    "sweep_point": {
+                        "offered_load": load,
+                        "knobs": point_knobs,
+                        "workload": workload.name,
+                    }
+                },
             )
             label = f"seqs={max_active} budget={budget}"
             points.append({"policy": label, "offered_load": load, **summary})
