@@ -17,8 +17,8 @@ import httpx
 import openai
 import pytest
 
+from bench.processes import ServerProcess
 from policies.envelope import Envelope, dump_envelope
-from tests.server_process import ServerProcess
 
 pytestmark = pytest.mark.redis
 TERMINAL = {"completed", "failed", "cancelled", "expired"}

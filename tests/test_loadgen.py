@@ -16,6 +16,7 @@ import pytest
 from bench.loadgen import run_load
 from bench.loadgen_drive import LoadDriver, sample_loop
 from bench.loadgen_metrics import parse_metrics
+from bench.processes import ServerProcess
 from bench.records import CANCELLED, OK, OUTCOMES
 from bench.workload import (
     Arrival,
@@ -27,7 +28,6 @@ from bench.workload import (
     plan_open_loop,
 )
 from policies.request_class import RequestClass
-from tests.server_process import ServerProcess
 
 CHAT, BULK = RequestClass.INTERACTIVE, RequestClass.BULK
 T = TypeVar("T")
