@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable, Sequence
-from typing import Any
 
 import redis.asyncio as aioredis
 import structlog
@@ -16,6 +15,7 @@ from redis.asyncio.client import PubSub
 
 from gateway.dispatcher_retry import TRANSIENT_ERRORS, Backoff
 from gateway.queue import Keys
+from gateway.redis_text import redis_text
 
 log = structlog.get_logger("mixgate.dispatcher")
 
@@ -88,11 +88,5 @@ class CancelListener:
                 await asyncio.sleep(next(delays))
                 continue
             delays = self._backoff.delays_s()
-            if message is not None and _text(message.get("type")) == "message":
-                self._on_cancel(_text(message["data"]))
-
-
-def _text(value: Any) -> str:
-    if value is None:
-        return ""
-    return value.decode() if isinstance(value, bytes) else str(value)
+            if message is not None and redis_text(message.get("type")) == "message":
+                self._on_cancel(redis_text(message["data"]))

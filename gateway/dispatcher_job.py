@@ -25,6 +25,7 @@ from gateway.dispatcher_notices import CANCELLED_EVENT
 from gateway.dispatcher_retry import TRANSIENT_ERRORS, Backoff, retry_transient
 from gateway.job_payload import JobPayload
 from gateway.queue import ClaimedJob, JobStatus, QueueStore
+from gateway.redis_text import redis_text
 from gateway.token_stream import DELTA, END, ERROR, TokenStreams
 from policies.request_class import RequestClass
 
@@ -255,7 +256,7 @@ class JobRunner:
         key = self._store.keys.job(local.job_id)
         read = partial(self._redis.hmget, key, ["status", "lease_token"])
         found, token = await retry_transient(read, what="read_back", backoff=self._backoff)
-        return _text(found) == status.value and _text(token) == str(local.token)
+        return redis_text(found) == status.value and redis_text(token) == str(local.token)
 
     async def _publish(self, local: LocalJob, kind: str, data: dict[str, Any]) -> None:
         # NOTE: a publish lost in transit and retried can append one event twice; the stream
@@ -267,9 +268,3 @@ class JobRunner:
         self, local: LocalJob, kind: DispatchEventKind, timings: dict[str, Any] | None = None
     ) -> None:
         self._counters.record(DispatchEvent(kind, local.request_class, local.job_id, timings))
-
-
-def _text(value: Any) -> str:
-    if value is None:
-        return ""
-    return value.decode() if isinstance(value, bytes) else str(value)

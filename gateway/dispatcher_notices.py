@@ -18,6 +18,7 @@ import redis.asyncio as aioredis
 from gateway.dispatcher_events import DispatchCounters, DispatchEvent, DispatchEventKind
 from gateway.dispatcher_retry import Backoff, retry_transient
 from gateway.queue import QueueStore, ReclaimResult
+from gateway.redis_text import redis_text
 from gateway.token_stream import ERROR, TokenStreams
 from policies.request_class import RequestClass
 
@@ -105,16 +106,10 @@ class ScriptOutcomes:
                 return await pipe.execute()
 
         replies = await retry_transient(read, what="read_job_fields", backoff=self._backoff)
-        return [[_text(v) for v in reply] for reply in replies]
+        return [[redis_text(v) for v in reply] for reply in replies]
 
     def _record(self, kind: DispatchEventKind, cls: str, job_id: str) -> None:
         self._counters.record(DispatchEvent(kind, _class_or_bulk(cls), job_id))
-
-
-def _text(value: Any) -> str:
-    if value is None:
-        return ""
-    return value.decode() if isinstance(value, bytes) else str(value)
 
 
 def _class_or_bulk(value: str) -> RequestClass:

@@ -16,6 +16,8 @@ from typing import Any
 
 import redis.asyncio as aioredis
 
+from gateway.redis_text import redis_text
+
 DELTA, END, ERROR = "delta", "end", "error"
 
 
@@ -49,7 +51,7 @@ class TokenStreams:
                 entry_id, _ = await pipe.execute()
         else:
             entry_id = await self._redis.xadd(key, fields)  # type: ignore[arg-type]
-        return _text(entry_id)
+        return redis_text(entry_id)
 
     async def read(
         self, request_id: str, after: str = "0-0", block_ms: int = 1000
@@ -67,7 +69,7 @@ class TokenStreams:
             streams = reply.items() if isinstance(reply, dict) else (reply or [])
             for _, entries in streams:
                 for entry_id, fields in entries:
-                    cursor = _text(entry_id)
+                    cursor = redis_text(entry_id)
                     event = _event(cursor, fields)
                     yield event
                     if event.is_last:
@@ -75,9 +77,5 @@ class TokenStreams:
 
 
 def _event(entry_id: str, fields: dict[Any, Any]) -> StreamEvent:
-    decoded = {_text(k): _text(v) for k, v in fields.items()}
+    decoded = {redis_text(k): redis_text(v) for k, v in fields.items()}
     return StreamEvent(decoded["e"], json.loads(decoded["d"]), entry_id)
-
-
-def _text(value: Any) -> str:
-    return value.decode() if isinstance(value, bytes) else str(value)

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any
 
+from gateway.redis_text import redis_text
 from policies.request_class import RequestClass
 
 
@@ -66,10 +67,6 @@ class NewJob:
             raise ValueError(f"max_attempts must be >= 1, got {self.max_attempts}")
 
 
-def _text(value: Any) -> str:
-    return value.decode() if isinstance(value, bytes) else str(value)
-
-
 def _optional_ms(value: str) -> int | None:
     # The hash stores 0 for "not yet" / "none" so that Lua can compare numbers without nil checks.
     ms = int(value)
@@ -108,7 +105,7 @@ class JobRecord:
     @classmethod
     def from_hash(cls, raw: Mapping[Any, Any]) -> JobRecord:
         """Parse HGETALL output (decoded or not); raises KeyError/ValueError on a corrupt hash."""
-        h = {_text(k): _text(v) for k, v in raw.items()}
+        h = {redis_text(k): redis_text(v) for k, v in raw.items()}
         lease_token = h["lease_token"]
         return cls(
             job_id=h["id"],

@@ -25,6 +25,7 @@ from gateway.queue.results import (
     QueueDepth,
     ReclaimResult,
 )
+from gateway.redis_text import redis_text
 from policies.request_class import RequestClass
 
 # What redis-py accepts as a script argument.
@@ -47,18 +48,13 @@ def _load_script(name: str) -> str:
     return resources.files("gateway.queue").joinpath("scripts", f"{name}.lua").read_text()
 
 
-def _text(value: Any) -> str:
-    # The store works with clients made with or without decode_responses=True.
-    return value.decode() if isinstance(value, bytes) else str(value)
-
-
 def _ids(values: Sequence[Any]) -> tuple[str, ...]:
-    return tuple(_text(v) for v in values)
+    return tuple(redis_text(v) for v in values)
 
 
 def _pairs(flat: Sequence[Any]) -> dict[str, str]:
     # Lua scripts run with RESP2, so HGETALL inside a script comes back as a flat list.
-    return {_text(flat[i]): _text(flat[i + 1]) for i in range(0, len(flat), 2)}
+    return {redis_text(flat[i]): redis_text(flat[i + 1]) for i in range(0, len(flat), 2)}
 
 
 class QueueStore:
@@ -116,7 +112,7 @@ class QueueStore:
             self._wake_max,
         ]
         status, depth = await self._scripts["admit"](keys=keys, args=args)
-        return AdmitResult(status=AdmitStatus(_text(status)), depth=int(depth))
+        return AdmitResult(status=AdmitStatus(redis_text(status)), depth=int(depth))
 
     async def claim(
         self,
@@ -153,7 +149,7 @@ class QueueStore:
             keys=keys, args=args
         )
         claimed = None
-        if _text(job_id):
+        if redis_text(job_id):
             claimed = ClaimedJob(
                 job=JobRecord.from_hash(_pairs(fields)),
                 lease_token=int(token),
@@ -165,7 +161,7 @@ class QueueStore:
         """Extend the lease to now_ms + lease_ms; False means stop: the job is not ours."""
         keys = [self.keys.job(job_id), self.keys.inflight]
         reply = await self._scripts["renew"](keys=keys, args=[job_id, token, now_ms, lease_ms])
-        return _text(reply) == "ok"
+        return redis_text(reply) == "ok"
 
     async def complete(
         self,
@@ -189,7 +185,7 @@ class QueueStore:
             now_ms,
         ]
         reply = await self._scripts["complete"](keys=keys, args=args)
-        return _text(reply) == "ok"
+        return redis_text(reply) == "ok"
 
     async def reclaim(self, now_ms: int, limit: int = 100) -> ReclaimResult:
         """Deal with up to `limit` lapsed leases (any replica may run this sweep)."""
@@ -213,7 +209,7 @@ class QueueStore:
             self.keys.prefix,
             self.keys.cancel_channel,
         ]
-        return _text(await self._scripts["cancel"](keys=keys, args=args))
+        return redis_text(await self._scripts["cancel"](keys=keys, args=args))
 
     async def get_job(self, job_id: str, tenant: str) -> JobRecord | None:
         """The job, or None when it is unknown or belongs to another tenant."""
@@ -234,7 +230,7 @@ class QueueStore:
             return []
         pipe = self._redis.pipeline(transaction=False)
         for job_id in ids:
-            pipe.hgetall(self.keys.job(_text(job_id)))
+            pipe.hgetall(self.keys.job(redis_text(job_id)))
         hashes = await pipe.execute()
         # A hash may be gone (retention) while the listing entry remains: skip it.
         return [JobRecord.from_hash(h) for h in hashes if h]
