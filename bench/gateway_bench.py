@@ -17,7 +17,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import math
 import os
 import tempfile
 from pathlib import Path
@@ -29,6 +28,7 @@ from rich.table import Table
 from bench.gateway_bench_queue import run_queue_bench
 from bench.gateway_bench_ttft import MAX_TOKENS, engine_ttft_ms, gateway_ttft_ms
 from bench.processes import redis_url
+from bench.summary import percentile
 from engine.make_model import make_model
 
 __all__ = ["percentiles", "run_gateway_bench"]
@@ -39,15 +39,11 @@ PRESET = "tiny"
 
 
 def percentiles(values: list[float]) -> dict[str, float]:
-    """Nearest-rank p50 and p99."""
-    if not values:
+    """Nearest-rank p50 and p99 (bench.summary's method)."""
+    p50, p99 = percentile(values, 50), percentile(values, 99)
+    if p50 is None or p99 is None:
         raise ValueError("no samples")
-    ordered = sorted(values)
-
-    def rank(q: float) -> float:
-        return ordered[max(0, math.ceil(q * len(ordered)) - 1)]
-
-    return {"p50": rank(0.50), "p99": rank(0.99)}
+    return {"p50": p50, "p99": p99}
 
 
 def _measure(args: argparse.Namespace, work: Path) -> dict[str, Any]:
