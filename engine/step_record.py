@@ -45,23 +45,43 @@ class LoadSnapshot:
 
 
 class StepHistory:
-    """The last `capacity` steps, and throughput rates over them."""
+    """The last `capacity` steps, and throughput rates over them.
+
+    NOTE: the async engine publishes a load snapshot after every step, so the rates are kept
+    as running sums (added on append, taken off on eviction) rather than recomputed over the
+    whole window each step.
+    """
+
+    KINDS = ("prefill", "decode")
 
     def __init__(self, capacity: int = 256):
         self.records: deque[StepRecord] = deque(maxlen=capacity)
         self.total_preemptions = 0
         self.total_steps = 0
+        # Per kind: tokens of that kind, and seconds of the steps that carried any of them.
+        self._tokens = dict.fromkeys(self.KINDS, 0)
+        self._seconds = dict.fromkeys(self.KINDS, 0.0)
 
     def add(self, record: StepRecord) -> None:
+        if len(self.records) == self.records.maxlen:
+            self._count(self.records[0], -1)
         self.records.append(record)
+        self._count(record, +1)
         self.total_preemptions += record.num_preemptions
         self.total_steps += 1
 
+    def _count(self, record: StepRecord, sign: int) -> None:
+        for kind in self.KINDS:
+            tokens = record.tokens_of(kind)
+            if tokens:
+                self._tokens[kind] += sign * tokens
+                self._seconds[kind] += sign * record.duration_s
+
     def recent_step_s(self, window: int = 16) -> float | None:
-        recent = list(self.records)[-window:]
-        if not recent:
+        count = min(window, len(self.records))
+        if not count:
             return None
-        durations = sorted(r.duration_s for r in recent)
+        durations = sorted(self.records[-i].duration_s for i in range(1, count + 1))
         return durations[len(durations) // 2]
 
     def rate_tokens_per_s(self, kind: str) -> float | None:
@@ -70,10 +90,5 @@ class StepHistory:
         NOTE: a mixed step's time is charged to both kinds, so each rate is a lower bound of
         what that kind alone would get; admission errs on the side of rejecting.
         """
-        tokens = seconds = 0.0
-        for record in self.records:
-            count = record.tokens_of(kind)
-            if count:
-                tokens += count
-                seconds += record.duration_s
-        return tokens / seconds if seconds > 0 else None
+        seconds = self._seconds[kind]
+        return self._tokens[kind] / seconds if seconds > 1e-12 else None
