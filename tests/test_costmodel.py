@@ -35,7 +35,7 @@ def test_single_sequence_decode_is_memory_bound() -> None:
     assert est.compute_s == pytest.approx(2e-5, rel=1e-12)
     assert est.memory_s == pytest.approx(2.01e-3, rel=1e-12)
     assert est.step_s == pytest.approx(2.01e-3, rel=1e-12)
-    assert est.limited_by == "memory"
+    assert est.limited_by == "weights"
     # One sequence: aggregate and per-sequence speed are both 1 / 2.01e-3 ≈ 497.5 tokens/s.
     assert est.aggregate_tokens_per_s == pytest.approx(1 / 2.01e-3, rel=1e-12)
     assert est.per_sequence_tokens_per_s == pytest.approx(1 / 2.01e-3, rel=1e-12)
@@ -59,7 +59,7 @@ def test_crossover_worked_by_hand() -> None:
     # At B = 200 both terms are 4e-3 s; the tie is reported as memory-bound.
     est = decode_step_estimate_s(SHAPE, HW, batch_size=200, context_tokens=100)
     assert est.compute_s == est.memory_s == pytest.approx(4e-3, rel=1e-12)
-    assert est.limited_by == "memory"
+    assert est.limited_by == "weights"
     assert decode_step_estimate_s(SHAPE, HW, 201, 100).limited_by == "compute"
 
 
@@ -68,7 +68,7 @@ def test_long_context_never_becomes_compute_bound() -> None:
     assert crossover_batch_size(SHAPE, HW, context_tokens=1000) == math.inf
     # Context 200 is the boundary: 2e7 / 1e12 = 2e-5 s exactly, so still no crossover.
     assert crossover_batch_size(SHAPE, HW, context_tokens=200) == math.inf
-    assert decode_step_estimate_s(SHAPE, HW, 10_000, 1000).limited_by == "memory"
+    assert decode_step_estimate_s(SHAPE, HW, 10_000, 1000).limited_by == "kv"
 
 
 def test_zero_context_crossover_is_weights_over_compute() -> None:
@@ -148,7 +148,7 @@ def test_regime_matches_the_crossover(batch_size: int, context_tokens: int) -> N
     assert est.step_s == max(est.compute_s, est.memory_s)
     # Stay clear of the float tie at the crossover itself.
     if batch_size < crossover * (1 - 1e-9):
-        assert est.limited_by == "memory"
+        assert est.limited_by in ("weights", "kv")
     elif batch_size > crossover * (1 + 1e-9):
         assert est.limited_by == "compute"
 
