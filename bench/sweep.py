@@ -29,7 +29,22 @@ def _ints(text: str) -> list[int]:
     return [int(x) for x in text.split(",") if x.strip()]
 
 
+def point_envelope(base: Envelope, max_active: int, budget: int) -> Envelope:
+    """The envelope of one sweep point: the base with the point's knobs."""
+    return dataclasses.replace(
+        base,
+        max_active_seqs=max_active,
+        step_token_budget=budget,
+        bulk_prefill_chunk_tokens=min(base.bulk_prefill_chunk_tokens, budget),
+        interactive_reserved_seqs=min(base.interactive_reserved_seqs, max_active - 1),
+    )
+
+
 def run_sweep(args: argparse.Namespace) -> int:
+    if getattr(args, "simulate", False):
+        from bench.sim_sweep import run_simulated_sweep  # virtual time, no server
+
+        return run_simulated_sweep(args)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     workload = load_workload(args.workload)
@@ -43,13 +58,7 @@ def run_sweep(args: argparse.Namespace) -> int:
         for index, ((max_active, budget), load) in enumerate(
             itertools.product(knobs, _floats(args.loads))
         ):
-            envelope = dataclasses.replace(
-                base,
-                max_active_seqs=max_active,
-                step_token_budget=budget,
-                bulk_prefill_chunk_tokens=min(base.bulk_prefill_chunk_tokens, budget),
-                interactive_reserved_seqs=min(base.interactive_reserved_seqs, max_active - 1),
-            )
+            envelope = point_envelope(base, max_active, budget)
             folder = out / f"point-{index:03d}"
             folder.mkdir(parents=True, exist_ok=True)
             envelope_path = folder / "envelope.toml"
