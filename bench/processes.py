@@ -18,6 +18,19 @@ from pathlib import Path
 import httpx
 
 
+def _die_with_parent() -> None:
+    """Ask Linux to SIGKILL this child when the process that started it dies.
+
+    NOTE: a test run killed by a timeout (or ^C twice) skips fixture teardown; without this its
+    servers linger, hold ports and steal the CPU that later measurements run on.
+    """
+    if sys.platform == "linux":
+        import ctypes
+
+        pr_set_pdeathsig = 1
+        ctypes.CDLL(None, use_errno=True).prctl(pr_set_pdeathsig, signal.SIGKILL)
+
+
 def free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind(("127.0.0.1", 0))
@@ -46,35 +59,44 @@ def _answers_ping(port: int) -> bool:
         return False
 
 
-def start_redis(binary: str, data_dir: Path) -> tuple[subprocess.Popen[bytes], int]:
-    """A redis-server on a free loopback port, without persistence; retried because the free
-    port can be taken between probing and binding."""
+def start_redis(
+    binary: str, data_dir: Path, *, port: int | None = None, durable: bool = False
+) -> tuple[subprocess.Popen[bytes], int]:
+    """A redis-server on a free loopback port (or `port`), retried because the free port can
+    be taken between probing and binding.
+
+    `durable`: AOF with `appendfsync always` in `data_dir`, so a restart on the same port and
+    folder finds every write that was acknowledged (fault tests restart it that way).
+    """
     data_dir.mkdir(parents=True, exist_ok=True)
-    for _ in range(3):
-        port = free_port()
+    persistence = (
+        ["--appendonly", "yes", "--appendfsync", "always"] if durable else ["--appendonly", "no"]
+    )
+    for _ in range(1 if port is not None else 3):
+        chosen = port if port is not None else free_port()
         proc = subprocess.Popen(
             [
                 binary,
                 "--port",
-                str(port),
+                str(chosen),
                 "--bind",
                 "127.0.0.1",
                 "--save",
                 "",
-                "--appendonly",
-                "no",
+                *persistence,
                 "--dir",
                 str(data_dir),
                 "--logfile",
-                str(data_dir / f"redis-{port}.log"),
+                str(data_dir / f"redis-{chosen}.log"),
             ],
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
+            preexec_fn=_die_with_parent,
         )
         deadline = time.monotonic() + 10.0
         while proc.poll() is None and time.monotonic() < deadline:
-            if _answers_ping(port):
-                return proc, port
+            if _answers_ping(chosen):
+                return proc, chosen
             time.sleep(0.01)
         stop_process(proc)
     raise RuntimeError(f"redis-server did not start; see the logs in {data_dir}")
@@ -117,6 +139,12 @@ class ServerProcess:
         return f"http://127.0.0.1:{self.port}"
 
     def start(self, ready_timeout_s: float = 120.0) -> ServerProcess:
+        self.launch()
+        self.wait_ready(ready_timeout_s)
+        return self
+
+    def launch(self) -> ServerProcess:
+        """Start the child without waiting for it (start several, then `wait_ready` each)."""
         # The child's settings come from here alone, not from the caller's MIXGATE_* variables.
         env = {k: v for k, v in os.environ.items() if not k.startswith("MIXGATE_")}
         env |= {
@@ -150,8 +178,13 @@ class ServerProcess:
         self.data_dir.mkdir(parents=True, exist_ok=True)
         self.log_path = self.data_dir / f"server-{self.port}.log"
         with self.log_path.open("ab") as log:
-            self.process = subprocess.Popen(args, env=env, stdout=log, stderr=subprocess.STDOUT)
-        self.wait_ready(ready_timeout_s)
+            self.process = subprocess.Popen(
+                args,
+                env=env,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                preexec_fn=_die_with_parent,
+            )
         return self
 
     def wait_ready(self, timeout_s: float) -> None:
@@ -177,3 +210,16 @@ class ServerProcess:
 
     def stop(self) -> int | None:
         return None if self.process is None else stop_process(self.process, 30.0)
+
+    def rss_bytes(self) -> int | None:
+        """Resident memory of the server process (VmRSS), or None once it has exited."""
+        if self.process is None or self.process.poll() is not None:
+            return None
+        try:
+            status = Path(f"/proc/{self.process.pid}/status").read_text()
+        except OSError:
+            return None
+        for line in status.splitlines():
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) * 1024
+        return None

@@ -7,6 +7,7 @@ router found no route, or something crashed.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import math
 import re
@@ -21,6 +22,8 @@ from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
+
+from gateway.redis_health import mark_unreachable
 
 __all__ = [
     "DEFAULT_MAX_JSON_DEPTH",
@@ -231,6 +234,10 @@ async def _handle_unexpected(request: Request, exc: Exception) -> Response:
 async def _handle_redis_error(request: Request, exc: Exception) -> Response:
     # Redis down, or every pooled connection busy past the pool timeout: the request was not
     # accepted, so the client may retry (503, as DESIGN.md's HTTP conventions say).
+    state = getattr(request.app.state, "gw", None)
+    if state is not None:
+        # The next requests then fail fast instead of each finding out on its own.
+        mark_unreachable(state, exc)
     return error_response(
         APIError.service_unavailable("the queue store is unavailable", "redis_unavailable", 1.0)
     )
@@ -298,7 +305,34 @@ def _check_content_length(request: Request, max_body_bytes: int) -> None:
         raise _too_large(max_body_bytes)
 
 
-async def _read_bounded(request: Request, max_body_bytes: int) -> bytes:
+def _too_slow(read_timeout_s: float) -> APIError:
+    return APIError(
+        408,
+        f"The request body did not arrive within {read_timeout_s:g} s.",
+        INVALID_REQUEST,
+        "request_timeout",
+    )
+
+
+async def _read_bounded(
+    request: Request, max_body_bytes: int, read_timeout_s: float | None = None
+) -> bytes:
+    """The whole body, at most `max_body_bytes`, within `read_timeout_s` in all.
+
+    NOTE: the timeout bounds the whole body, not the gap between chunks: a slow-loris client
+    that trickles a byte every few seconds would pass any per-chunk timeout while holding a
+    connection (and a handler) for as long as it likes.
+    """
+    if read_timeout_s is None:
+        return await _read_all(request, max_body_bytes)
+    try:
+        async with asyncio.timeout(read_timeout_s):
+            return await _read_all(request, max_body_bytes)
+    except TimeoutError:
+        raise _too_slow(read_timeout_s) from None
+
+
+async def _read_all(request: Request, max_body_bytes: int) -> bytes:
     chunks: list[bytes] = []
     received_bytes = 0
     # aclosing: stopping early must still close the generator (an unclosed one warns).
@@ -343,15 +377,20 @@ def _parse_json(raw: bytes, max_depth: int) -> Any:
 
 
 async def read_json_body(
-    request: Request, max_body_bytes: int, max_depth: int = DEFAULT_MAX_JSON_DEPTH
+    request: Request,
+    max_body_bytes: int,
+    max_depth: int = DEFAULT_MAX_JSON_DEPTH,
+    *,
+    read_timeout_s: float | None = None,
 ) -> dict[str, Any]:
-    """The request's JSON object, or an APIError: 413 over ``max_body_bytes``, else 400.
+    """The request's JSON object, or an APIError: 413 over ``max_body_bytes``, 408 when the
+    body takes longer than ``read_timeout_s`` to arrive (None: no limit), else 400.
 
     The size is checked against Content-Length before reading anything, then against the bytes
     actually received, so neither a lying header nor a chunked body gets past the limit.
     """
     _check_content_length(request, max_body_bytes)
-    raw = await _read_bounded(request, max_body_bytes)
+    raw = await _read_bounded(request, max_body_bytes, read_timeout_s)
     if not raw.strip():
         raise APIError.invalid_request(
             "The request body is empty; expected a JSON object.", code="invalid_json"

@@ -7,6 +7,7 @@ scrape never waits on Redis.
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Callable, Iterable
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
@@ -68,6 +69,8 @@ class Metrics:
             buckets=LATENCY_BUCKETS_S,
             registry=self.registry,
         )
+
+        self.registry.register(_RuntimeCollector())
 
     def observe_timings(self, request_class: RequestClass, timings: dict[str, object]) -> None:
         label = request_class.value
@@ -138,3 +141,14 @@ class _StateCollector(Collector):
             yield GaugeMetricFamily(
                 "mixgate_step_seconds", "Median recent step time", value=load.recent_step_s
             )
+
+
+class _RuntimeCollector(Collector):
+    """The event loop's live tasks: flat between bursts of traffic, or something leaks."""
+
+    def collect(self) -> Iterable[Metric]:
+        try:
+            tasks = len(asyncio.all_tasks())
+        except RuntimeError:  # scraped from outside the event loop (tests render directly)
+            return
+        yield GaugeMetricFamily("mixgate_asyncio_tasks", "Live asyncio tasks", value=tasks)

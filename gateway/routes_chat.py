@@ -29,6 +29,7 @@ from gateway.intake import (
     require_model,
     require_ready,
 )
+from gateway.redis_health import require_redis
 from gateway.schemas import (
     chat_chunk_body,
     chat_completion_body,
@@ -46,15 +47,24 @@ TIMINGS_HEADER = "x-mixgate-timings"
 SSE_HEADERS = {"Cache-Control": "no-store", "X-Accel-Buffering": "no"}
 
 
+async def _body(request: Request, state: GatewayState) -> dict[str, Any]:
+    settings = state.settings
+    return await read_json_body(
+        request, settings.max_body_bytes, read_timeout_s=settings.body_read_timeout_s
+    )
+
+
 def _frame(body: dict[str, Any]) -> bytes:
     return b"data: " + json.dumps(body, separators=(",", ":")).encode() + b"\n\n"
 
 
 async def chat_completions(request: Request) -> Response:
     state: GatewayState = request.app.state.gw
+    # Redis first: its 503 carries Retry-After and a precise code.
+    require_redis(state)
     require_ready(state)
     principal = authenticate(request, state)
-    body = parse_chat_request(await read_json_body(request, state.settings.max_body_bytes))
+    body = parse_chat_request(await _body(request, state))
     require_model(state, body.model)
     cls = request_class(request, RequestClass.INTERACTIVE, body.service_tier, principal)
     payload = build_payload(state, body, cls)

@@ -25,6 +25,7 @@ from gateway.intake import (
 )
 from gateway.job_payload import JobPayload
 from gateway.queue import JobRecord
+from gateway.redis_health import require_redis
 from gateway.schemas import chat_completion_body, job_deadline_s, parse_job_request
 from gateway.state import GatewayState
 from policies.request_class import RequestClass
@@ -34,9 +35,11 @@ MAX_PAGE = 100
 
 async def create_job(request: Request) -> Response:
     state: GatewayState = request.app.state.gw
+    # Redis first: its 503 carries Retry-After and a precise code.
+    require_redis(state)
     require_ready(state)
     principal = authenticate(request, state)
-    body = parse_job_request(await read_json_body(request, state.settings.max_body_bytes))
+    body = parse_job_request(await _body(request, state))
     require_model(state, body.model)
     cls = request_class(request, RequestClass.BULK, body.service_tier, principal)
     payload = build_payload(state, body, cls)
@@ -105,7 +108,16 @@ async def list_jobs(request: Request) -> Response:
     )
 
 
+async def _body(request: Request, state: GatewayState) -> dict[str, Any]:
+    settings = state.settings
+    return await read_json_body(
+        request, settings.max_body_bytes, read_timeout_s=settings.body_read_timeout_s
+    )
+
+
 def _store(state: GatewayState) -> Any:
+    # Reads and cancels need Redis: while it is known to be down, 503 without waiting on it.
+    require_redis(state)
     if state.store is None:
         raise APIError.service_unavailable("the queue store is not connected yet")
     return state.store

@@ -1,0 +1,196 @@
+"""`mixgate bench soak --minutes N`: a bounded soak of a live `mixgate serve`.
+
+It drives chat streams and bulk jobs for N minutes with the load generator, a fifth of them
+cancelled (clients that leave mid-stream, jobs DELETEd while they run), samples the server's
+RSS and /metrics on a grid, lets the server settle, and judges: memory flat over the second
+half, every KV block free, the engine idle, and no more asyncio tasks than before the load.
+It prints a table and the verdict, writes JSON, and exits 1 when the verdict fails.
+
+Without --url it starts its own redis-server and server (a model made with --preset unless
+--model is given); with --url it targets a running server (RSS only with --pid).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import dataclasses
+import json
+import tempfile
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from bench.loadgen import run_load
+from bench.processes import ServerProcess, redis_url
+from bench.soak_report import SoakSample, format_table, judge, sample_from_metrics
+from bench.workload_spec import Arrival, Cancellation, ClassLoad, LengthDist, Workload
+from policies.request_class import RequestClass
+
+__all__ = ["run_soak", "soak_workload"]
+
+_MIB = 1024 * 1024
+
+
+def soak_workload(
+    duration_s: float, chat_rate_per_s: float, job_rate_per_s: float, cancel_fraction: float
+) -> Workload:
+    """Poisson chat and jobs of short-to-medium lengths, a fraction of each cancelled mid-way."""
+    cancel = Cancellation(cancel_fraction, "mid_stream", after_tokens=4)
+    chat = ClassLoad(
+        RequestClass.INTERACTIVE,
+        Arrival("poisson", rate_per_s=chat_rate_per_s),
+        LengthDist("uniform", min=16, max=160),
+        LengthDist("uniform", min=16, max=96),
+        cancel=cancel,
+    )
+    jobs = ClassLoad(
+        RequestClass.BULK,
+        Arrival("poisson", rate_per_s=job_rate_per_s),
+        LengthDist("uniform", min=64, max=384),
+        LengthDist("uniform", min=32, max=160),
+        cancel=cancel,
+    )
+    return Workload(
+        name="soak",
+        description="poisson chat and jobs with mid-way cancellations",
+        duration_s=duration_s,
+        seed=7,
+        classes={RequestClass.INTERACTIVE: chat, RequestClass.BULK: jobs},
+    )
+
+
+@dataclass
+class _Target:
+    url: str
+    rss: Callable[[], int | None]
+
+
+def _rss_of_pid(pid: int | None) -> Callable[[], int | None]:
+    def read() -> int | None:
+        if pid is None:
+            return None
+        try:
+            status = Path(f"/proc/{pid}/status").read_text()
+        except OSError:
+            return None
+        lines = [line for line in status.splitlines() if line.startswith("VmRSS:")]
+        return int(lines[0].split()[1]) * 1024 if lines else None
+
+    return read
+
+
+@contextlib.contextmanager
+def _target(args: argparse.Namespace) -> Iterator[_Target]:
+    if args.url is not None:
+        yield _Target(args.url.rstrip("/"), _rss_of_pid(args.pid))
+        return
+    with tempfile.TemporaryDirectory(prefix="mixgate-soak-") as tmp:
+        folder = Path(tmp)
+        model_dir = Path(args.model) if args.model else None
+        if model_dir is None:
+            from engine.make_model import make_model
+
+            model_dir = make_model(folder / "model", args.preset, seed=0)
+        with redis_url(args.redis_url, folder / "redis") as url:
+            server = ServerProcess(
+                model_dir,
+                url,
+                f"{{soak-{uuid.uuid4().hex[:8]}}}:",
+                folder / "server",
+                extra_env={
+                    "MIXGATE_NUM_THREADS": str(args.threads),
+                    "MIXGATE_LEASE_S": "10",
+                    "MIXGATE_LOG_LEVEL": "warning",
+                },
+            ).start()
+            try:
+                yield _Target(server.url, server.rss_bytes)
+            finally:
+                server.stop()
+
+
+def _sample(client: httpx.Client, target: _Target, t_s: float) -> SoakSample:
+    text = client.get("/metrics", timeout=10).text
+    return sample_from_metrics(text, t_s, target.rss())
+
+
+def _settle(
+    client: httpx.Client, target: _Target, idle: SoakSample, timeout_s: float
+) -> SoakSample:
+    """The first sample with the engine idle, the KV cache empty and the tasks back (or the
+    last one at the timeout: the verdict then says what did not come back)."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        sample = _sample(client, target, -1.0)
+        settled = sample.running == 0 and sample.waiting == 0 and sample.kv_usage == 0.0
+        if settled and sample.asyncio_tasks <= idle.asyncio_tasks:
+            return sample
+        if time.monotonic() >= deadline:
+            return sample
+        time.sleep(0.2)
+
+
+async def _drive(
+    target: _Target, workload: Workload, sample_s: float
+) -> tuple[Any, list[SoakSample], float]:
+    """Run the load and, beside it, sample the server every `sample_s` seconds."""
+    samples: list[SoakSample] = []
+    model = httpx.get(target.url + "/v1/models", timeout=10).json()["data"][0]["id"]
+    t0 = time.monotonic()
+
+    async def sampler() -> None:
+        async with httpx.AsyncClient(base_url=target.url) as client:
+            while True:
+                with contextlib.suppress(httpx.HTTPError):
+                    text = (await client.get("/metrics", timeout=10)).text
+                    t_s = time.monotonic() - t0
+                    samples.append(sample_from_metrics(text, t_s, target.rss()))
+                await asyncio.sleep(sample_s)
+
+    task = asyncio.create_task(sampler())
+    try:
+        result = await run_load(target.url, workload, model=model, progress=False, drain_s=10.0)
+    finally:
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+    return result, samples, t0
+
+
+def run_soak(args: argparse.Namespace) -> int:
+    duration_s = args.minutes * 60.0
+    workload = soak_workload(duration_s, args.chat_rate, args.job_rate, args.cancel_fraction)
+    sample_s = args.sample_s if args.sample_s is not None else max(0.5, duration_s / 30)
+    with _target(args) as target, httpx.Client(base_url=target.url) as client:
+        idle = _sample(client, target, 0.0)
+        result, load, t0 = asyncio.run(_drive(target, workload, sample_s))
+        final = _settle(client, target, idle, args.settle_s)
+        final = dataclasses.replace(final, t_s=time.monotonic() - t0)
+    verdict = judge(idle, load, final, int(args.max_rss_growth_mb * _MIB))
+    outcomes: dict[str, int] = {}
+    for record in result.records:
+        key = f"{record.request_class}:{record.outcome}"
+        if record.error_code or record.status_code not in (None, 200, 202):
+            key += f"({record.status_code} {record.error_code})"
+        outcomes[key] = outcomes.get(key, 0) + 1
+    print(format_table([idle, *load, final], verdict))
+    print("requests:", ", ".join(f"{k} {v}" for k, v in sorted(outcomes.items())))
+    report = {
+        "minutes": args.minutes,
+        "workload": workload.to_dict(),
+        "idle": idle.to_dict(),
+        "samples": [s.to_dict() for s in load],
+        "final": final.to_dict(),
+        "requests": outcomes,
+        "verdict": verdict.to_dict(),
+    }
+    if args.json:
+        Path(args.json).write_text(json.dumps(report, indent=2))
+        print(f"wrote {args.json}")
+    return 0 if verdict.ok else 1
