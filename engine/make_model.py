@@ -1,4 +1,4 @@
-"""Write a randomly initialised Llama checkpoint in Hugging Face's folder layout.
+"""Write a randomly initialised Llama (or Mixtral) checkpoint in Hugging Face's folder layout.
 
 The folder (config, generation config, tokenizer, safetensors weights) loads in transformers,
 vLLM and our own engine, so benchmarks compare executors on identical weights without a
@@ -26,7 +26,7 @@ _DTYPES: dict[str, torch.dtype] = {"float32": torch.float32, "bfloat16": torch.b
 
 def _tensor_shapes(preset: ModelPreset) -> list[tuple[str, tuple[int, ...]]]:
     """HF names and shapes, in the order HF's state_dict lists them (the shard order too)."""
-    h, i, d = preset.hidden_size, preset.intermediate_size, preset.head_dim
+    h, d = preset.hidden_size, preset.head_dim
     q_out, kv_out = preset.num_attention_heads * d, preset.num_key_value_heads * d
     shapes: list[tuple[str, tuple[int, ...]]] = [
         ("model.embed_tokens.weight", (preset.vocab_size, h))
@@ -38,15 +38,36 @@ def _tensor_shapes(preset: ModelPreset) -> list[tuple[str, tuple[int, ...]]]:
             (f"{prefix}.self_attn.k_proj.weight", (kv_out, h)),
             (f"{prefix}.self_attn.v_proj.weight", (kv_out, h)),
             (f"{prefix}.self_attn.o_proj.weight", (h, q_out)),
-            (f"{prefix}.mlp.gate_proj.weight", (i, h)),
-            (f"{prefix}.mlp.up_proj.weight", (i, h)),
-            (f"{prefix}.mlp.down_proj.weight", (h, i)),
+            *_mlp_shapes(preset, prefix),
             (f"{prefix}.input_layernorm.weight", (h,)),
             (f"{prefix}.post_attention_layernorm.weight", (h,)),
         ]
     shapes.append(("model.norm.weight", (h,)))
     if not preset.tie_word_embeddings:
         shapes.append(("lm_head.weight", (preset.vocab_size, h)))
+    return shapes
+
+
+def _mlp_shapes(preset: ModelPreset, prefix: str) -> list[tuple[str, tuple[int, ...]]]:
+    h, i = preset.hidden_size, preset.intermediate_size
+    if not preset.is_moe:
+        return [
+            (f"{prefix}.mlp.gate_proj.weight", (i, h)),
+            (f"{prefix}.mlp.up_proj.weight", (i, h)),
+            (f"{prefix}.mlp.down_proj.weight", (h, i)),
+        ]
+    # Mixtral's checkpoint layout (as on the Hub): a router, then w1 (gate), w2 (down) and
+    # w3 (up) per expert. transformers 5 fuses the experts when it loads them; we stack them.
+    moe = f"{prefix}.block_sparse_moe"
+    shapes: list[tuple[str, tuple[int, ...]]] = [
+        (f"{moe}.gate.weight", (preset.num_local_experts, h))
+    ]
+    for expert in range(preset.num_local_experts):
+        shapes += [
+            (f"{moe}.experts.{expert}.w1.weight", (i, h)),
+            (f"{moe}.experts.{expert}.w2.weight", (h, i)),
+            (f"{moe}.experts.{expert}.w3.weight", (i, h)),
+        ]
     return shapes
 
 

@@ -1,8 +1,9 @@
-"""The Llama family (Llama, Mistral, Qwen2) over a flattened batch of tokens.
+"""The Llama family (Llama, Mistral, Qwen2, and Mixtral's MoE) over a flattened batch of tokens.
 
 Every tensor is [tokens, ...]: prefill chunks and decode tokens of many sequences are laid
 end to end and run as one forward; the attention backend keeps sequences apart. q/k/v and
-gate/up projections are fused into single matmuls at load time.
+gate/up projections are fused into single matmuls at load time. A Mixtral layer's MLP is a
+sparse mixture of experts (`engine.moe`); everything else is shared.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from torch import nn
 
 from engine.attention import AttentionBackend
 from engine.model_config import ModelConfig
+from engine.moe import SparseMoeBlock
 from engine.rotary import RotaryEmbedding
 
 
@@ -76,7 +78,7 @@ class DecoderLayer(nn.Module):
         self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.self_attn = Attention(config, layer, rotary)
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
-        self.mlp = MLP(config)
+        self.mlp: MLP | SparseMoeBlock = SparseMoeBlock(config) if config.is_moe else MLP(config)
 
     def forward(
         self, positions: torch.Tensor, x: torch.Tensor, attn: AttentionBackend
@@ -119,6 +121,10 @@ class LlamaModel(nn.Module):
         """Logits in fp32 (sampling and comparisons want full precision)."""
         logits: torch.Tensor = self.lm_head(hidden)
         return logits.float()
+
+    def moe_blocks(self) -> list[SparseMoeBlock]:
+        """The MoE blocks, one per layer (none for a dense model)."""
+        return [m for m in self.modules() if isinstance(m, SparseMoeBlock)]
 
     @torch.inference_mode()
     def dense_logits(self, token_ids: list[int]) -> torch.Tensor:

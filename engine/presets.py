@@ -1,4 +1,5 @@
-"""Named Llama shapes for generated models: `tiny` for tests, `small` and `100m` for benchmarks.
+"""Named shapes for generated models: Llama `tiny` for tests, `small` and `100m` for benchmarks;
+Mixtral (sparse MoE) `tiny-moe` for tests and `moe-small` for measuring a batch's expert union.
 
 The vocabulary is the byte tokenizer's, exactly: a padded vocabulary would leave ids that
 vLLM and transformers could sample but not decode.
@@ -16,6 +17,7 @@ from engine.tokenizer_builder import VOCAB_SIZE
 __all__ = ["PRESETS", "PRESET_NAMES", "ModelPreset", "get_preset"]
 
 _DTYPES = ("float32", "bfloat16")
+_ARCHITECTURES = ("LlamaForCausalLM", "MixtralForCausalLM")
 
 
 @dataclass(frozen=True, slots=True)
@@ -26,6 +28,7 @@ class ModelPreset:
     num_attention_heads: int
     # Fewer than num_attention_heads means grouped-query attention.
     num_key_value_heads: int
+    # One expert's for a Mixtral preset.
     intermediate_size: int
     max_position_embeddings: int
     rope_theta: float
@@ -35,6 +38,9 @@ class ModelPreset:
     tie_word_embeddings: bool = False
     vocab_size: int = VOCAB_SIZE
     architecture: str = "LlamaForCausalLM"
+    # Mixtral only: experts per layer and experts each token is routed to.
+    num_local_experts: int = 0
+    num_experts_per_tok: int = 0
 
     def __post_init__(self) -> None:
         if not self.name:
@@ -58,8 +64,16 @@ class ModelPreset:
             raise ValueError("head_dim must be even (rotary embeddings rotate pairs)")
         if self.rope_theta <= 0 or self.rms_norm_eps <= 0 or self.initializer_range <= 0:
             raise ValueError("rope_theta, rms_norm_eps and initializer_range must be positive")
-        if self.architecture != "LlamaForCausalLM":
-            raise ValueError("presets are Llama models")
+        if self.architecture not in _ARCHITECTURES:
+            raise ValueError(f"presets are one of {_ARCHITECTURES}")
+        if self.is_moe != (self.num_local_experts > 0):
+            raise ValueError("num_local_experts must be positive for Mixtral and 0 for Llama")
+        if self.is_moe and not 1 <= self.num_experts_per_tok <= self.num_local_experts:
+            raise ValueError("num_experts_per_tok must be between 1 and num_local_experts")
+
+    @property
+    def is_moe(self) -> bool:
+        return self.architecture == "MixtralForCausalLM"
 
     @property
     def head_dim(self) -> int:
@@ -68,10 +82,10 @@ class ModelPreset:
     def to_config_dict(
         self, *, dtype: str, eos_token_id: int, pad_token_id: int | None
     ) -> dict[str, Any]:
-        """The `config.json` content, with every field a Llama loader reads spelled out."""
+        """The `config.json` content, with every field a Llama (or Mixtral) loader reads."""
         if dtype not in _DTYPES:
             raise ValueError(f"dtype must be one of {_DTYPES}, got {dtype!r}")
-        return {
+        config = {
             "architectures": [self.architecture],
             "attention_bias": False,
             "attention_dropout": 0.0,
@@ -96,6 +110,19 @@ class ModelPreset:
             "use_cache": True,
             "vocab_size": self.vocab_size,
         }
+        if self.is_moe:
+            # MixtralConfig has no attention/MLP bias switches; it has router settings.
+            del config["attention_bias"], config["mlp_bias"]
+            config.update(
+                model_type="mixtral",
+                num_local_experts=self.num_local_experts,
+                num_experts_per_tok=self.num_experts_per_tok,
+                output_router_logits=False,
+                router_aux_loss_coef=0.001,
+                router_jitter_noise=0.0,
+                sliding_window=None,
+            )
+        return config
 
 
 _ALL = (
@@ -128,6 +155,34 @@ _ALL = (
         intermediate_size=3072,
         max_position_embeddings=8192,
         rope_theta=500000.0,
+    ),
+    ModelPreset(
+        name="tiny-moe",
+        hidden_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        intermediate_size=128,
+        max_position_embeddings=1024,
+        rope_theta=10000.0,
+        architecture="MixtralForCausalLM",
+        num_local_experts=4,
+        num_experts_per_tok=2,
+    ),
+    # ~107M parameters, ~32M active per token: fp32 experts are 403 MB against 101 MB for
+    # one token's top-2, so whether a batch reads the union or the active set shows on a CPU.
+    ModelPreset(
+        name="moe-small",
+        hidden_size=512,
+        num_hidden_layers=8,
+        num_attention_heads=8,
+        num_key_value_heads=4,
+        intermediate_size=1024,
+        max_position_embeddings=8192,
+        rope_theta=1e6,
+        architecture="MixtralForCausalLM",
+        num_local_experts=8,
+        num_experts_per_tok=2,
     ),
 )
 

@@ -1,8 +1,14 @@
-"""Loading Hugging Face safetensors checkpoints (single file or sharded) into LlamaModel."""
+"""Loading Hugging Face safetensors checkpoints (single file or sharded) into LlamaModel.
+
+Mixtral checkpoints keep one tensor per expert (`block_sparse_moe.experts.E.w1/w2/w3`); they
+are copied into the stacked expert weights of `engine.moe.SparseMoeBlock` as they stream in.
+transformers 5's own fused names (`mlp.experts.gate_up_proj`, `mlp.experts.down_proj`) load too.
+"""
 
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import torch
@@ -26,8 +32,26 @@ def checkpoint_files(model_dir: Path) -> list[Path]:
     return files
 
 
+# layers.N.block_sparse_moe.experts.E.wK.weight: w1 gate, w3 up (fused as gate_up), w2 down.
+_EXPERT = re.compile(r"^(layers\.\d+)\.block_sparse_moe\.experts\.(\d+)\.(w[123])\.weight$")
+_EXPERT_TARGET = {"w1": ("gate_up_proj", 0), "w3": ("gate_up_proj", 1), "w2": ("down_proj", 0)}
+
+
+def _expert_target(name: str) -> tuple[str, int, int] | None:
+    """A per-expert Mixtral tensor's stacked parameter, expert index and half (0, or 1 = up)."""
+    match = _EXPERT.match(name)
+    if match is None:
+        return None
+    layer, expert, which = match.groups()
+    param, half = _EXPERT_TARGET[which]
+    return f"{layer}.mlp.{param}", int(expert), half
+
+
 def _fused_name(name: str) -> tuple[str, int | None]:
     """Map a HF tensor name to ours, and the part index inside a fused tensor."""
+    name = name.replace(".block_sparse_moe.gate.", ".mlp.gate.")
+    name = name.replace(".mlp.experts.gate_up_proj", ".mlp.gate_up_proj")
+    name = name.replace(".mlp.experts.down_proj", ".mlp.down_proj")
     for part, proj in enumerate(("q_proj", "k_proj", "v_proj")):
         if f".self_attn.{proj}." in name:
             return name.replace(f".self_attn.{proj}.", ".self_attn.qkv_proj."), part
@@ -57,9 +81,15 @@ def load_model(
     params = dict(model.named_parameters())
     parts: dict[str, dict[int, torch.Tensor]] = {}
     loaded: set[str] = set()
+    experts_loaded: dict[str, set[tuple[int, int]]] = {}
     for file in checkpoint_files(model_dir):
         with safe_open(str(file), framework="pt", device="cpu") as handle:
             for hf_name in handle.keys():  # noqa: SIM118 - safe_open has no __iter__
+                expert = _expert_target(hf_name.removeprefix("model."))
+                if expert is not None and expert[0] in params:
+                    _copy_expert(params[expert[0]], expert[1:], handle.get_tensor(hf_name), hf_name)
+                    experts_loaded.setdefault(expert[0], set()).add(expert[1:])
+                    continue
                 name, part = _fused_name(hf_name.removeprefix("model."))
                 if name == "lm_head.weight" and config.tie_word_embeddings:
                     continue
@@ -74,6 +104,7 @@ def load_model(
     for name, pieces in parts.items():
         _copy(params[name], torch.cat([pieces[i] for i in sorted(pieces)], dim=0), name)
         loaded.add(name)
+    loaded |= _complete_expert_stacks(params, experts_loaded)
     missing = set(params) - loaded - ({"lm_head.weight"} if config.tie_word_embeddings else set())
     if missing:
         raise ValueError(f"checkpoint is missing tensors: {sorted(missing)[:5]}")
@@ -81,8 +112,34 @@ def load_model(
     return model, config
 
 
-def _copy(param: torch.nn.Parameter, tensor: torch.Tensor, name: str) -> None:
+def _copy(param: torch.Tensor, tensor: torch.Tensor, name: str) -> None:
     if param.shape != tensor.shape:
         raise ValueError(f"{name}: checkpoint shape {tuple(tensor.shape)} != {tuple(param.shape)}")
     with torch.no_grad():
         param.copy_(tensor.to(param.dtype))
+
+
+def _copy_expert(
+    param: torch.nn.Parameter, where: tuple[int, int], tensor: torch.Tensor, name: str
+) -> None:
+    expert, half = where
+    num_experts = param.shape[0]
+    if expert >= num_experts:
+        raise ValueError(f"{name}: expert {expert} of a layer with {num_experts} experts")
+    # gate_up_proj stacks [2I, H] per expert: w1 fills the first I rows, w3 the rest.
+    halves = 2 if name.endswith((".w1.weight", ".w3.weight")) else 1
+    size = param.shape[1] // halves
+    _copy(param[expert, half * size : (half + 1) * size], tensor, name)
+
+
+def _complete_expert_stacks(
+    params: dict[str, torch.nn.Parameter], experts_loaded: dict[str, set[tuple[int, int]]]
+) -> set[str]:
+    """The stacked expert parameters every piece of which came from the checkpoint."""
+    complete = set()
+    for name, pieces in experts_loaded.items():
+        halves = 2 if name.endswith("gate_up_proj") else 1
+        expected = {(e, h) for e in range(params[name].shape[0]) for h in range(halves)}
+        if pieces == expected:
+            complete.add(name)
+    return complete

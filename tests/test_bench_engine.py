@@ -46,7 +46,7 @@ def test_bench_engine_writes_every_field(
     assert [row["batch"] for row in result["rows"]] == [1, 2]
     for row in result["rows"]:
         assert all(_positive(row[key]) for key in ROW_NUMBERS), row
-        assert row["limiting"] in ("compute", "memory")
+        assert row["limiting"] in ("compute", "weights", "kv")
         assert row["ratio"] == pytest.approx(row["step_s"] / row["estimate_s"])
     one, two = result["rows"]
     # Throughput is only run for the throughput batch sizes.

@@ -14,7 +14,13 @@ from engine.presets import PRESETS, ModelPreset, get_preset
 from engine.tokenizer_builder import IM_END, VOCAB_SIZE, special_token_id
 
 # Expected parameter ranges per preset (the name promises a size; keep it honest).
-PARAM_RANGES = {"tiny": (50_000, 200_000), "small": (3_000_000, 5_000_000), "100m": (100e6, 130e6)}
+PARAM_RANGES = {
+    "tiny": (50_000, 200_000),
+    "small": (3_000_000, 5_000_000),
+    "100m": (100e6, 130e6),
+    "tiny-moe": (150_000, 400_000),
+    "moe-small": (100e6, 120e6),
+}
 
 
 def _load_all(folder: Path) -> dict[str, torch.Tensor]:
@@ -30,7 +36,7 @@ def tiny_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def test_preset_names_are_the_presets() -> None:
-    assert PRESET_NAMES == ("tiny", "small", "100m")
+    assert PRESET_NAMES == ("tiny", "small", "100m", "tiny-moe", "moe-small")
     assert set(PRESETS) == set(PRESET_NAMES)
     with pytest.raises(ValueError, match="unknown preset"):
         get_preset("huge")
@@ -52,6 +58,31 @@ def test_preset_validation() -> None:
         ModelPreset("x", 64, 1, 4, 3, 128, 1024, 1e4)
     with pytest.raises(ValueError, match="hidden_size must be positive"):
         ModelPreset("x", 0, 1, 4, 2, 128, 1024, 1e4)
+    with pytest.raises(ValueError, match="num_local_experts"):
+        ModelPreset("x", 64, 1, 4, 2, 128, 1024, 1e4, architecture="MixtralForCausalLM")
+    with pytest.raises(ValueError, match="num_experts_per_tok"):
+        ModelPreset("x", 64, 1, 4, 2, 128, 1024, 1e4, architecture="MixtralForCausalLM",
+                    num_local_experts=4, num_experts_per_tok=5)  # fmt: skip
+    with pytest.raises(ValueError, match="num_local_experts"):
+        ModelPreset("x", 64, 1, 4, 2, 128, 1024, 1e4, num_local_experts=4)
+
+
+def test_moe_folder_has_mixtral_config_and_per_expert_tensors(tmp_path: Path) -> None:
+    folder = make_model(tmp_path / "moe", "tiny-moe", seed=1)
+    raw = json.loads((folder / "config.json").read_text())
+    assert raw["architectures"] == ["MixtralForCausalLM"] and raw["model_type"] == "mixtral"
+    assert (raw["num_local_experts"], raw["num_experts_per_tok"]) == (4, 2)
+    assert raw["router_jitter_noise"] == 0.0
+    config = ModelConfig.from_pretrained(folder)
+    assert config.is_moe and config.num_active_parameters() < config.num_parameters()
+    state = load_file(folder / "model.safetensors")
+    assert sum(t.numel() for t in state.values()) == config.num_parameters()
+    prefix = "model.layers.1.block_sparse_moe"
+    assert state[f"{prefix}.gate.weight"].shape == (4, 64)
+    assert state[f"{prefix}.experts.3.w1.weight"].shape == (128, 64)
+    assert state[f"{prefix}.experts.3.w2.weight"].shape == (64, 128)
+    assert state[f"{prefix}.experts.3.w3.weight"].shape == (128, 64)
+    assert not any(".mlp." in name for name in state)
 
 
 @pytest.mark.parametrize("name", ["tiny", "small"])
