@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import json
 from dataclasses import replace
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -22,10 +23,19 @@ from bench.plots import plot_vs_load
 from bench.processes import redis_url
 from bench.report import render_comparison
 from bench.summary import headline_ratios
+from bench.vllm_baseline import is_vllm_policy, run_policy
 from bench.workload import Workload, load_workload
 from engine.make_model import make_model
 from policies.request_class import RequestClass
 from policies.scheduling_policy import SchedulingPolicy
+
+
+class _Named(str):
+    """A policy that is only a name (the vLLM ones), with `.value` like the enum's."""
+
+    @property
+    def value(self) -> str:
+        return str(self)
 
 
 def ensure_model(model: str | None, out: Path, preset: str) -> Path:
@@ -48,19 +58,26 @@ def variants(workload: Workload) -> list[tuple[str, Workload]]:
 
 
 def run_compare(args: argparse.Namespace) -> int:
+    if getattr(args, "simulate", False):
+        from bench.sim_compare import run_simulated_compare  # virtual time, no server
+
+        return run_simulated_compare(args)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     workload = load_workload(args.workload)
     if args.duration_s is not None:
         workload = replace(workload, duration_s=args.duration_s)
-    policies = [SchedulingPolicy(p.strip()) for p in args.policies.split(",")]
+    # NOTE: the vLLM policies (bench/vllm_baseline.py) are names, not engine presets.
+    names = [p.strip() for p in args.policies.split(",")]
+    policies = [_Named(n) if is_vllm_policy(n) else SchedulingPolicy(n) for n in names]
     model_dir = ensure_model(args.model, out, args.preset)
     rows: list[dict[str, Any]] = []
     with redis_url(args.redis_url, out / "redis") as url:
         for policy in policies:
             spec = RunSpec(model_dir, url, policy.value, threads=args.threads)
+            run = partial(run_policy, policy.value) if is_vllm_policy(policy.value) else run_live
             summaries = {
-                name: run_live(
+                name: run(
                     spec,
                     wl,
                     out / policy.value / name,

@@ -30,6 +30,8 @@ class RunSpec:
     threads: int = 1
     kv_cache_bytes: int = 256 << 20
     envelope_path: Path | None = None
+    # "native" | "vllm" (mixgate serve --engine vllm: run the bench from .venv-vllm).
+    engine: str = "native"
 
 
 def server_pressure(samples: list[MetricSample]) -> dict[str, Any]:
@@ -67,8 +69,9 @@ def run_live(
             "MIXGATE_KV_CACHE_BYTES": str(spec.kv_cache_bytes),
             "MIXGATE_LEASE_S": "10",
             "MIXGATE_LOG_LEVEL": "warning",
+            "MIXGATE_ENGINE": spec.engine,
         },
-    ).start()
+    ).start(ready_timeout_s=120.0 if spec.engine == "native" else 600.0)
     try:
         envelope = httpx.get(server.url + "/v1/envelope", timeout=10).json()
         result = asyncio.run(run_load(server.url, workload, model=model_name(server.url)))
@@ -80,7 +83,11 @@ def run_live(
     runtime_config = {
         "policy": spec.policy,
         "envelope": envelope,
-        "server": {"threads": spec.threads, "kv_cache_bytes": spec.kv_cache_bytes},
+        "server": {
+            "threads": spec.threads,
+            "kv_cache_bytes": spec.kv_cache_bytes,
+            "engine": spec.engine,
+        },
         "model": {
             "dir": str(spec.model_dir),
             "architecture": model.architecture,

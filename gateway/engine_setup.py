@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 from pathlib import Path
+from typing import cast
 
 import structlog
 
@@ -55,15 +56,32 @@ def engine_config(envelope: Envelope, settings: Settings) -> EngineConfig:
     )
 
 
-async def start_engine(model_dir: Path, config: EngineConfig) -> AsyncEngine:
+async def _start_vllm(model_dir: Path, config: EngineConfig) -> AsyncEngine:
+    """vLLM's async engine behind the same interface (engine/vllm_backend.py)."""
+    from engine.vllm_backend import VllmAsyncEngine
+
+    vllm_engine = VllmAsyncEngine(model_dir, config)
+    await vllm_engine.start()
+    # NOTE: duck-typed: VllmAsyncEngine offers every method and attribute the gateway uses
+    # of AsyncEngine (generate, abort, load, start, stop, is_running, engine.tokenizer,
+    # engine.clock, engine.validate); tests/test_vllm_backend.py runs the gateway on it.
+    return cast(AsyncEngine, vllm_engine)
+
+
+async def start_engine(
+    model_dir: Path, config: EngineConfig, *, backend: str = "native"
+) -> AsyncEngine:
     """Load the model off the event loop, start the step thread, and warm up.
 
     Warm-up runs a few requests through the engine so that its prefill and decode rates are
     measured before admission has to predict waits from them.
     """
-    engine = await asyncio.to_thread(LLMEngine, model_dir, config)
-    async_engine = AsyncEngine(engine)
-    await async_engine.start()
+    if backend == "vllm":
+        async_engine = await _start_vllm(model_dir, config)
+    else:
+        async_engine = AsyncEngine(await asyncio.to_thread(LLMEngine, model_dir, config))
+        await async_engine.start()
+    engine = async_engine.engine
     prompt = tuple(range(1, 1 + min(64, engine.max_model_len // 4)))
     sampling = SamplingParams(max_tokens=8, temperature=0.0, ignore_eos=True, detokenize=False)
 
@@ -77,7 +95,8 @@ async def start_engine(model_dir: Path, config: EngineConfig) -> AsyncEngine:
     log.info(
         "engine_ready",
         model=str(model_dir),
-        kv_blocks=engine.block_manager.num_blocks,
+        engine=backend,
+        kv_blocks=load.num_free_blocks,
         max_model_len=engine.max_model_len,
         prefill_tokens_per_s=load.prefill_tokens_per_s,
         decode_tokens_per_s=load.decode_tokens_per_s,

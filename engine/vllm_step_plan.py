@@ -1,0 +1,139 @@
+"""mixgate's step composition, phrased as what vLLM's scheduler can be told before a step.
+
+vLLM's `Scheduler.schedule()` is one long method: it walks `running` in list order, each
+request taking `min(remaining, long_prefill_token_threshold, budget left)` tokens, then admits
+from `waiting` in priority order. It cannot be told "interactive decodes first, at most N bulk
+prefill tokens per step". What it can be told, per step, without touching its internals:
+
+- the order of `running` (so interactive decodes, then bulk decodes, then prefill chunks),
+- which running prefills take part in this step at all (the others sit the step out, as
+  vLLM's own scheduler lets them when the budget runs out),
+- the step's token budget (`max_num_scheduled_tokens`).
+
+This module turns a view of the queues into those three, with `policies.step_budget`'s split:
+bulk prefill only from what interactive work left and at most the bulk chunk cap, except that
+aged bulk work is guaranteed its minimum share. Pure: no vLLM, no clock (ages are passed in).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from policies.request_class import RequestClass
+from policies.step_budget import plan_step_budget
+
+__all__ = ["StepComposition", "StepKnobs", "WorkItem", "compose_step"]
+
+
+@dataclass(frozen=True, slots=True)
+class WorkItem:
+    """One request as the scheduler sees it before a step."""
+
+    key: int
+    request_class: RequestClass
+    # Tokens it still has to compute (1 for a decode; the prompt rest for a prefill).
+    remaining_tokens: int
+    # Seconds since it arrived.
+    age_s: float
+
+    @property
+    def is_decode(self) -> bool:
+        return self.remaining_tokens <= 1
+
+
+@dataclass(frozen=True, slots=True)
+class StepKnobs:
+    step_token_budget: int
+    # vLLM's long_prefill_token_threshold: the most one request's chunk can take in a step.
+    prefill_chunk_tokens: int
+    bulk_prefill_chunk_tokens: int
+    bulk_min_share: float
+    bulk_aging_s: float
+
+    def __post_init__(self) -> None:
+        if self.step_token_budget < 1 or self.prefill_chunk_tokens < 1:
+            raise ValueError("step_token_budget and prefill_chunk_tokens must be >= 1")
+
+
+@dataclass(frozen=True, slots=True)
+class StepComposition:
+    # Keys of running requests in the order vLLM should walk them this step.
+    running_order: tuple[int, ...]
+    # Keys of running prefills that sit this step out.
+    held_back: frozenset[int]
+    # The step's token budget (vLLM's max_num_scheduled_tokens for this step).
+    token_budget: int
+    # What the split gave each class's prefill (for tests and step records).
+    interactive_prefill_tokens: int
+    bulk_prefill_tokens: int
+    bulk_aged: bool
+
+
+def _chunk(item: WorkItem, knobs: StepKnobs) -> int:
+    return min(item.remaining_tokens, knobs.prefill_chunk_tokens)
+
+
+def _admit_within(items: list[WorkItem], allowance: int, knobs: StepKnobs) -> list[WorkItem]:
+    """The prefix of `items` whose chunks start within `allowance` tokens (the last one may be
+    cut short by the step budget, which vLLM does by itself)."""
+    taken: list[WorkItem] = []
+    used = 0
+    for item in items:
+        if used >= allowance:
+            break
+        taken.append(item)
+        used += _chunk(item, knobs)
+    return taken
+
+
+def compose_step(
+    running: list[WorkItem], waiting: list[WorkItem], knobs: StepKnobs
+) -> StepComposition:
+    """Order, hold back and budget one step (see the module docstring)."""
+    inter, bulk = RequestClass.INTERACTIVE, RequestClass.BULK
+    decodes = {
+        c: [r for r in running if r.request_class is c and r.is_decode] for c in (inter, bulk)
+    }
+    prefills = {
+        c: [r for r in running if r.request_class is c and not r.is_decode] for c in (inter, bulk)
+    }
+    waiting_by = {c: [r for r in waiting if r.request_class is c] for c in (inter, bulk)}
+    decode_tokens = len(decodes[inter]) + len(decodes[bulk])
+    demand = {c: sum(_chunk(r, knobs) for r in prefills[c] + waiting_by[c]) for c in (inter, bulk)}
+    bulk_aged = any(r.age_s >= knobs.bulk_aging_s for r in prefills[bulk] + waiting_by[bulk])
+    plan = plan_step_budget(
+        step_token_budget=knobs.step_token_budget,
+        interactive_decode_tokens=len(decodes[inter]),
+        bulk_decode_tokens=len(decodes[bulk]),
+        bulk_prefill_demand_tokens=demand[bulk],
+        bulk_aged=bulk_aged,
+        bulk_prefill_chunk_tokens=knobs.bulk_prefill_chunk_tokens,
+        bulk_min_share=knobs.bulk_min_share,
+    )
+    left = max(0, knobs.step_token_budget - decode_tokens)
+    inter_tokens = min(demand[inter], plan.interactive_prefill_limit_tokens)
+    bulk_tokens = min(demand[bulk], plan.bulk_prefill_cap_tokens, left - inter_tokens)
+    # Running interactive prefills come first: only as many as their share covers.
+    shown_inter = _admit_within(prefills[inter], inter_tokens, knobs)
+    # NOTE: vLLM admits waiting requests only after it has walked `running`, so a running
+    # bulk prefill would eat the budget meant for a waiting interactive prompt. While one
+    # waits, bulk prefills may start only within whole chunks of their allowance.
+    if waiting_by[inter]:
+        whole_chunks = bulk_tokens // knobs.prefill_chunk_tokens
+        shown_bulk = prefills[bulk][:whole_chunks]
+    else:
+        shown_bulk = _admit_within(prefills[bulk], bulk_tokens, knobs)
+    shown = {r.key for r in shown_inter + shown_bulk}
+    held = frozenset(r.key for r in prefills[inter] + prefills[bulk] if r.key not in shown)
+    order = decodes[inter] + decodes[bulk] + shown_inter + shown_bulk
+    return StepComposition(
+        running_order=tuple(r.key for r in order),
+        held_back=held,
+        # At least 1: vLLM treats a zero budget as "schedule nothing", a stalled step.
+        token_budget=max(
+            1, min(knobs.step_token_budget, decode_tokens + inter_tokens + bulk_tokens)
+        ),
+        interactive_prefill_tokens=inter_tokens,
+        bulk_prefill_tokens=bulk_tokens,
+        bulk_aged=bulk_aged,
+    )

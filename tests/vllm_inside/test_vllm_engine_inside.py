@@ -1,0 +1,138 @@
+"""The vLLM backend in-process, against real vLLM on CPU: run inside the vLLM environment.
+
+    .venv-vllm/bin/python -m pytest tests/vllm_inside -q
+
+(tests/test_vllm_backend.py runs this from the main suite.) One engine per module: vLLM takes
+tens of seconds to start on 2 cores. The model is the `small` preset: vLLM's CPU attention
+needs a head size of at least 32, and `tiny`'s is 16.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("vllm", reason="run with the vLLM environment's python (.venv-vllm)")
+
+from engine.config import EngineConfig  # noqa: E402
+from engine.llm_engine import LLMEngine  # noqa: E402
+from engine.make_model import make_model  # noqa: E402
+from engine.request import GenerationRequest, RequestOutput  # noqa: E402
+from engine.sampling_params import SamplingParams  # noqa: E402
+from engine.vllm_backend import VllmAsyncEngine  # noqa: E402
+from policies.request_class import RequestClass  # noqa: E402
+
+pytestmark = [
+    pytest.mark.anyio,
+    pytest.mark.slow,
+    # vLLM's own imports warn (deprecations in its dependencies); they are not ours.
+    pytest.mark.filterwarnings("ignore::DeprecationWarning", "ignore::FutureWarning"),
+    pytest.mark.timeout(400),
+]
+
+BULK_CHUNK_TOKENS = 16
+STEP_BUDGET_TOKENS = 64
+CONFIG = EngineConfig(
+    max_active_seqs=4,
+    step_token_budget=STEP_BUDGET_TOKENS,
+    bulk_prefill_chunk_tokens=BULK_CHUNK_TOKENS,
+    # Never aged in these tests: the bulk cap alone decides bulk prefill per step.
+    bulk_aging_s=1000.0,
+    kv_cache_bytes=32 << 20,
+    max_model_len=1024,
+    dtype="float32",
+    device="cpu",
+    num_threads=2,
+    scheduling_policy="mixgate",
+)
+PROMPTS = [
+    tuple(range(1, 6)),
+    tuple((i * 7) % 250 + 1 for i in range(40)),
+    tuple((i * 13) % 250 + 1 for i in range(150)),
+]
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return make_model(tmp_path_factory.mktemp("vllm-model") / "small", "small", seed=0)
+
+
+@pytest.fixture(scope="module")
+async def engine(model_dir: Path) -> AsyncIterator[VllmAsyncEngine]:
+    vllm_engine = VllmAsyncEngine(model_dir, CONFIG)
+    await vllm_engine.start()
+    try:
+        yield vllm_engine
+    finally:
+        await vllm_engine.stop()
+
+
+def request(
+    request_id: str, prompt: tuple[int, ...], max_tokens: int, cls: RequestClass
+) -> GenerationRequest:
+    sampling = SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True)
+    return GenerationRequest(request_id, prompt, sampling, cls)
+
+
+async def collect(engine: VllmAsyncEngine, req: GenerationRequest) -> list[RequestOutput]:
+    return [out async for out in engine.generate(req)]
+
+
+async def test_greedy_token_ids_equal_the_native_engines(
+    engine: VllmAsyncEngine, model_dir: Path
+) -> None:
+    native = LLMEngine(model_dir, EngineConfig(device="cpu", max_model_len=1024))
+    expected: dict[str, list[int]] = {}
+    for i, prompt in enumerate(PROMPTS):
+        native.add_request(request(f"p{i}", prompt, 16, RequestClass.INTERACTIVE))
+    while native.has_unfinished_requests():
+        for out in native.step():
+            expected.setdefault(out.request_id, []).extend(out.new_token_ids)
+    results = await asyncio.gather(
+        *(
+            collect(engine, request(f"p{i}", prompt, 16, RequestClass.INTERACTIVE))
+            for i, prompt in enumerate(PROMPTS)
+        )
+    )
+    for i, outputs in enumerate(results):
+        tokens = [t for out in outputs for t in out.new_token_ids]
+        assert tokens == expected[f"p{i}"], f"prompt {i}"
+        assert outputs[-1].finished and outputs[-1].finish_reason == "length"
+        assert "".join(out.new_text for out in outputs) == native.tokenizer.decode(tokens)
+
+
+async def test_class_aware_scheduler_caps_bulk_prefill_per_step(engine: VllmAsyncEngine) -> None:
+    first_step = engine.load().steps
+    prompts = [tuple((i * k) % 250 + 1 for i in range(200)) for k in (3, 5, 11)]
+    results = await asyncio.gather(
+        *(collect(engine, request(f"b{k}", p, 2, RequestClass.BULK)) for k, p in enumerate(prompts))
+    )
+    assert all(outputs[-1].finished for outputs in results)
+    records = [r for r in engine._stats.history.records if r.step_index >= first_step]
+    prefill = [r.tokens_of("prefill") for r in records]
+    # 600 prompt tokens went through; plain vLLM would take up to 3 x 16 per step.
+    assert sum(prefill) >= 3 * 200 - 3
+    assert max(prefill) <= BULK_CHUNK_TOKENS
+
+
+async def test_abort_frees_the_request_in_vllm(engine: VllmAsyncEngine) -> None:
+    long_prompt = tuple(range(1, 60))
+    stream = engine.generate(request("long", long_prompt, 500, RequestClass.BULK))
+    first = await stream.__anext__()
+    assert not first.finished
+    engine.abort("long")
+    rest = [out async for out in stream]
+    assert rest and rest[-1].finished and rest[-1].finish_reason == "abort"
+    # A request after the abort runs to its end; vLLM's own counts then show nothing left.
+    outputs = await collect(engine, request("after", tuple(range(1, 9)), 4, RequestClass.BULK))
+    assert outputs[-1].finish_reason == "length"
+    for _ in range(100):
+        if engine.vllm_request_counts() == (0, 0):
+            break
+        await asyncio.sleep(0.05)
+    assert engine.vllm_request_counts() == (0, 0)
+    assert engine.load().kv_usage == 0.0
+    assert sum(engine.load().running_by_class.values()) == 0
