@@ -24,24 +24,9 @@ import openai
 from bench.processes import ServerProcess, redis_url
 from bench.summary import percentile
 
-__all__ = ["add_batch_bench_arguments", "run_batch_bench"]
+__all__ = ["run_batch_bench"]
 
-DEFAULT_SLO = Path(__file__).parent / "slos" / "chat-over-backlog.toml"
 URL = "/v1/chat/completions"
-
-
-def add_batch_bench_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--model", default=None, help="model folder (default: make --preset)")
-    parser.add_argument("--preset", default="tiny", help="preset made when --model is not given")
-    parser.add_argument("--redis-url", default=None, help="default: a throwaway redis-server")
-    parser.add_argument("--threads", type=int, default=1, help="server torch threads")
-    parser.add_argument("--lines", type=int, default=200, help="batch lines")
-    parser.add_argument("--line-max-tokens", type=int, default=64)
-    parser.add_argument("--chats", type=int, default=40, help="streamed chats per phase")
-    parser.add_argument("--chat-max-tokens", type=int, default=32)
-    parser.add_argument("--concurrency", type=int, default=2, help="chats in flight at once")
-    parser.add_argument("--slo", default=str(DEFAULT_SLO), help="SLO TOML (interactive targets)")
-    parser.add_argument("--json", default=None, help="write results here")
 
 
 async def _one_chat(client: httpx.AsyncClient, body: dict[str, Any]) -> tuple[float, list[float]]:

@@ -10,6 +10,7 @@ import asyncio
 import contextlib
 from collections.abc import AsyncIterator
 from pathlib import Path
+from typing import Any
 
 import redis.asyncio as aioredis
 import structlog
@@ -17,9 +18,10 @@ from starlette.applications import Starlette
 from starlette.middleware import Middleware
 from starlette.routing import Route
 
-from gateway import routes_chat, routes_jobs, routes_ops
+from gateway import redis_health, routes_batches, routes_chat, routes_jobs, routes_ops
 from gateway.admission_service import AdmissionService
 from gateway.auth import ApiKeyStore, TokenBucketLimiter
+from gateway.batch.runtime import BatchRuntime
 from gateway.dispatcher import Dispatcher, DispatcherConfig
 from gateway.embedded_redis import EmbeddedRedis
 from gateway.engine_setup import engine_config, resolve_model_dir, start_engine
@@ -37,7 +39,6 @@ from policies.request_class import RequestClass
 from policies.scheduling_policy import NO_DEADLINE_S, SchedulingPolicy, gateway_envelope
 
 log = structlog.get_logger("mixgate.app")
-REDIS_CHECK_INTERVAL_S = 1.0
 
 
 def load_auth(settings: Settings) -> ApiKeyStore:
@@ -80,6 +81,7 @@ def create_app(settings: Settings, *, redis_client: aioredis.Redis | None = None
         Route("/readyz", routes_ops.readyz, methods=["GET"]),
         Route("/metrics", routes_ops.metrics, methods=["GET"]),
         Route("/openapi.json", routes_ops.openapi, methods=["GET"]),
+        *routes_batches.batch_routes(),
     ]
 
     @contextlib.asynccontextmanager
@@ -109,6 +111,9 @@ def create_app(settings: Settings, *, redis_client: aioredis.Redis | None = None
             ),
             state.engine_load,
         )
+        state.batch = BatchRuntime.create(
+            client, state.store, settings, envelope.queue_limit(RequestClass.BULK)
+        )
         state.metrics.watch(state.engine_load, lambda: _depths(state))
         if state.auth.is_open:
             log.warning(
@@ -119,6 +124,7 @@ def create_app(settings: Settings, *, redis_client: aioredis.Redis | None = None
         tasks = [
             asyncio.create_task(_bring_up(state), name="bring-up"),
             asyncio.create_task(_watch_redis(state), name="watch-redis"),
+            asyncio.create_task(state.batch.supervisor.run(), name="batch-supervisor"),
         ]
         try:
             yield
@@ -148,12 +154,17 @@ def create_app(settings: Settings, *, redis_client: aioredis.Redis | None = None
 
 def _pool(settings: Settings, **where: str) -> aioredis.BlockingConnectionPool:
     """A bounded pool that waits for a free connection instead of failing at once."""
+    timeouts: dict[str, Any] = {
+        "socket_connect_timeout": settings.redis_connect_timeout_s,
+        "socket_timeout": settings.redis_socket_timeout_s,
+    }
     if "url" in where:
         return aioredis.BlockingConnectionPool.from_url(
             where["url"],
             max_connections=settings.redis_max_connections,
             timeout=settings.redis_pool_timeout_s,
             decode_responses=True,
+            **timeouts,
         )
     return aioredis.BlockingConnectionPool(
         max_connections=settings.redis_max_connections,
@@ -161,6 +172,7 @@ def _pool(settings: Settings, **where: str) -> aioredis.BlockingConnectionPool:
         connection_class=aioredis.UnixDomainSocketConnection,
         path=where["unix_socket_path"],
         decode_responses=True,
+        **timeouts,
     )
 
 
@@ -176,7 +188,9 @@ async def _bring_up(state: GatewayState) -> None:
         model_dir = await asyncio.to_thread(resolve_model_dir, settings)
         if settings.model_name is None:
             state.model_name = model_dir.name
-        state.engine = await start_engine(model_dir, engine_config(state.envelope, settings))
+        state.engine = await start_engine(
+            model_dir, engine_config(state.envelope, settings), backend=settings.engine
+        )
         state.tokenizer = state.engine.engine.tokenizer
     except Exception as error:  # noqa: BLE001 - reported by /readyz and the log
         state.startup_error = repr(error)
@@ -194,10 +208,7 @@ async def _bring_up(state: GatewayState) -> None:
             lease_ms=int(settings.lease_s * 1000),
             renew_interval_ms=int(settings.lease_s * 1000) // 3,
             reclaim_interval_ms=int(settings.lease_s * 1000) // 2,
-            max_active_by_class={
-                RequestClass.INTERACTIVE: envelope.max_active_seqs,
-                RequestClass.BULK: envelope.max_active_seqs - envelope.interactive_reserved_seqs,
-            },
+            max_active_by_class=_claim_slots(envelope, settings),
             class_offsets_ms=offsets,
         ),
         redis=state.redis,
@@ -206,6 +217,15 @@ async def _bring_up(state: GatewayState) -> None:
     await state.dispatcher.start()
     state.engine_ready = True
     log.info("ready", model=state.model_name, replica=settings.replica_id)
+
+
+def _claim_slots(envelope: Envelope, settings: Settings) -> dict[RequestClass, int]:
+    """Local slots per class; a class this replica does not claim gets none."""
+    slots = {
+        RequestClass.INTERACTIVE: envelope.max_active_seqs,
+        RequestClass.BULK: envelope.max_active_seqs - envelope.interactive_reserved_seqs,
+    }
+    return {c: n if c.value in settings.claimed_classes else 0 for c, n in slots.items()}
 
 
 def _on_finished(
@@ -218,16 +238,11 @@ def _on_finished(
 
 async def _watch_redis(state: GatewayState) -> None:
     assert state.redis is not None and state.admission is not None
-    while True:
-        try:
-            async with asyncio.timeout(REDIS_CHECK_INTERVAL_S):
-                await state.redis.ping()
-                state.admission.last_depths = await state.admission.store.depths()
-            if not state.redis_ok:
-                log.info("redis_reachable")
-            state.redis_ok = True
-        except Exception:  # noqa: BLE001 - any failure means "not reachable" here
-            if state.redis_ok:
-                log.warning("redis_unreachable")
-            state.redis_ok = False
-        await asyncio.sleep(REDIS_CHECK_INTERVAL_S)
+    redis, admission = state.redis, state.admission
+
+    async def check() -> None:
+        await redis.ping()
+        admission.last_depths = await admission.store.depths()
+
+    interval_s = state.settings.redis_check_interval_s
+    await redis_health.watch(state, check, interval_s, timeout_s=max(interval_s, 2.0))

@@ -12,6 +12,8 @@ from typing import Any, Final
 
 from pydantic import BaseModel
 
+from gateway.batch.schemas import BatchCreateRequest
+from gateway.openapi_batch import BATCH_SCHEMAS, batch_paths
 from gateway.schemas_chat import ChatCompletionRequest
 from gateway.schemas_jobs import JobCreateRequest
 from policies.classify import CLASS_HEADER
@@ -279,6 +281,10 @@ _ERROR_RESPONSES: Final[Mapping[str, Any]] = {
     "Unauthorized": {"description": "Missing or invalid API key.", "content": _ERROR_CONTENT},
     "Forbidden": {"description": "The key may not use this class.", "content": _ERROR_CONTENT},
     "NotFound": {"description": "Unknown, or another tenant's.", "content": _ERROR_CONTENT},
+    "RequestTimeout": {
+        "description": "The body did not arrive within the read timeout.",
+        "content": _ERROR_CONTENT,
+    },
     "PayloadTooLarge": {"description": "Body or prompt too long.", "content": _ERROR_CONTENT},
     "TooManyRequests": {
         "description": "Rate limit, full class queue, or a deadline that cannot be met.",
@@ -296,6 +302,7 @@ _STATUS_RESPONSE_NAMES: Final[Mapping[str, str]] = {
     "401": "Unauthorized",
     "403": "Forbidden",
     "404": "NotFound",
+    "408": "RequestTimeout",
     "413": "PayloadTooLarge",
     "429": "TooManyRequests",
     "503": "ServiceUnavailable",
@@ -345,7 +352,8 @@ _LIST_PARAMS: Final = [
     },
 ]
 _PUBLIC: Final[list[Any]] = []  # `security: []`: no API key needed
-_SUBMIT_ERRORS: Final = ("400", "401", "403", "413", "429", "503")
+# 404: an unknown model; 408: a body that arrives too slowly (settings.body_read_timeout_s).
+_SUBMIT_ERRORS: Final = ("400", "401", "403", "404", "408", "413", "429", "503")
 
 
 def _paths() -> dict[str, Any]:
@@ -483,13 +491,17 @@ def _paths() -> dict[str, Any]:
     }
 
 
+def _all_paths() -> dict[str, Any]:
+    return {**_paths(), **batch_paths()}
+
+
 _METHODS: Final = frozenset({"get", "put", "post", "delete", "options", "head", "patch", "trace"})
 
 # (METHOD, path) of every documented operation, so an app test can check that each of its
 # routes is documented and each documented route exists.
 DOCUMENTED_OPERATIONS: Final = frozenset(
     (method.upper(), path)
-    for path, item in _paths().items()
+    for path, item in _all_paths().items()
     for method in item
     if method in _METHODS
 )
@@ -502,7 +514,8 @@ def build_openapi(
     schemas: dict[str, Any] = {}
     _model_schema(ChatCompletionRequest, schemas)
     _model_schema(JobCreateRequest, schemas)
-    for name, schema in _RESPONSE_SCHEMAS.items():
+    _model_schema(BatchCreateRequest, schemas)
+    for name, schema in {**_RESPONSE_SCHEMAS, **BATCH_SCHEMAS}.items():
         if name in schemas:  # pragma: no cover - a programming error caught by the tests
             raise ValueError(f"schema name {name!r} is used twice")
         schemas[name] = copy.deepcopy(schema)
@@ -510,7 +523,7 @@ def build_openapi(
         "openapi": "3.1.0",
         "info": {"title": title, "version": version, "description": description or _DESCRIPTION},
         "security": [{"bearerAuth": []}],
-        "paths": _paths(),
+        "paths": _all_paths(),
         "components": {
             "schemas": schemas,
             "responses": copy.deepcopy(dict(_ERROR_RESPONSES)),

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import argparse
 import signal
+import sys
 from pathlib import Path
 
 import uvicorn
 
-from gateway.app import create_app
 from gateway.logging_setup import configure_logging
 from gateway.settings import Settings
 
@@ -41,6 +41,13 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
         default=None,
         help="scheduling preset (default mixgate); the others are baselines",
     )
+    parser.add_argument(
+        "--engine",
+        choices=("native", "vllm"),
+        default=None,
+        help="native (default) or vllm: vLLM's async engine in-process (pip install "
+        "'mixgate[vllm]' or scripts/setup-vllm)",
+    )
     parser.add_argument("--log-level", default=None)
 
 
@@ -60,8 +67,21 @@ def run_serve(args: argparse.Namespace) -> int:
         replica_id=args.replica_id,
         policy=args.policy,
         log_level=args.log_level,
+        engine=args.engine,
     )
     configure_logging(settings.log_level, settings.log_json)
+    if settings.engine == "vllm":
+        # Fail at start, not in the background bring-up, when the extra is missing.
+        from engine.vllm_args import VllmNotInstalledError, require_vllm
+
+        try:
+            require_vllm()
+        except VllmNotInstalledError as error:
+            print(f"mixgate serve --engine vllm: {error}", file=sys.stderr)
+            return 2
+    # NOTE: imported here: the app pulls in torch; `mixgate --help` builds this parser.
+    from gateway.app import create_app
+
     app = create_app(settings)
     # NOTE: uvicorn drains on SIGTERM, then re-raises the signal to the handler that was in
     # place before it; a no-op handler makes a drained shutdown exit 0, as orchestrators expect.

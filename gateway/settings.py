@@ -43,8 +43,16 @@ class Settings:
     # XREAD; past this, callers wait up to redis_pool_timeout_s, then get 503.
     redis_max_connections: int = 4096
     redis_pool_timeout_s: float = 5.0
+    # NOTE: short, so a Redis that is down or hung is noticed in about a second; the socket
+    # timeout must stay above the longest blocking read (XREAD/BZPOPMIN wait about 1 s).
+    redis_connect_timeout_s: float = 1.0
+    redis_socket_timeout_s: float = 5.0
+    # How often the health watcher pings Redis; while it is down, requests get 503 at once.
+    redis_check_interval_s: float = 0.5
     max_attempts: int = 3
     max_body_bytes: int = 4 * 1024 * 1024
+    # A request body must arrive within this (all of it): a slow-loris client gets 408.
+    body_read_timeout_s: float = 30.0
     # Token streams stay readable this long after they end (late readers, resumes).
     stream_ttl_s: int = 3600
     # A stream with no event for this long ends with an error (a dead dispatcher).
@@ -59,6 +67,20 @@ class Settings:
     log_json: bool = True
     # "mixgate" | "priority" | "fcfs": the scheduling preset (policies/scheduling_policy.py).
     policy: str = "mixgate"
+    # "native" (mixgate's engine) | "vllm" (vLLM's async engine in-process; the vllm extra).
+    engine: str = "native"
+    # Classes this replica claims from the queues (comma-separated). Every replica admits and
+    # streams any class; e.g. "bulk" keeps interactive work on the other replicas.
+    claim_classes: str = "interactive,bulk"
+    # The Batch API (OpenAI's limits by default): an input file's size and non-blank lines;
+    # how often each replica's batch supervisor looks at the active batches; how long its
+    # per-batch lock lasts (a replica that dies holding it delays the batch this long); how
+    # many of one batch's lines may be in the bulk queue at once (room for other bulk work).
+    batch_max_file_bytes: int = 200 * 1024 * 1024
+    batch_max_lines: int = 50_000
+    batch_poll_interval_s: float = 0.25
+    batch_lock_s: float = 30.0
+    batch_max_queued_lines: int = 512
 
     def __post_init__(self) -> None:
         if not 0 < self.port < 65536 and self.port != 0:
@@ -71,8 +93,34 @@ class Settings:
             raise ValueError("max_body_bytes must be at least 1024")
         if self.policy not in {p.value for p in SchedulingPolicy}:
             raise ValueError(f"unknown policy {self.policy!r}: fcfs, priority or mixgate")
+        if self.engine not in ("native", "vllm"):
+            raise ValueError(f"unknown engine {self.engine!r}: native or vllm")
+        self._check_redis_timeouts()
+        if not self.claimed_classes or not self.claimed_classes <= {"interactive", "bulk"}:
+            raise ValueError("claim_classes must name interactive and/or bulk, comma-separated")
+        self._check_batch_limits()
         if "{" not in self.key_prefix or "}" not in self.key_prefix:
             raise ValueError("key_prefix must contain a {hash tag} (Redis Cluster slots)")
+
+    def _check_redis_timeouts(self) -> None:
+        timeouts = (
+            self.redis_connect_timeout_s,
+            self.redis_socket_timeout_s,
+            self.redis_check_interval_s,
+            self.body_read_timeout_s,
+        )
+        if min(timeouts) <= 0:
+            raise ValueError("redis timeouts, redis_check_interval_s, body_read_timeout_s > 0")
+
+    @property
+    def claimed_classes(self) -> frozenset[str]:
+        return frozenset(c.strip() for c in self.claim_classes.split(",") if c.strip())
+
+    def _check_batch_limits(self) -> None:
+        if min(self.batch_max_file_bytes, self.batch_max_lines, self.batch_max_queued_lines) < 1:
+            raise ValueError("batch_max_file_bytes, batch_max_lines, batch_max_queued_lines >= 1")
+        if self.batch_poll_interval_s <= 0 or self.batch_lock_s <= 0:
+            raise ValueError("batch_poll_interval_s and batch_lock_s must be positive")
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> Settings:
@@ -97,6 +145,11 @@ class Settings:
     def models_dir(self) -> Path:
         return self.data_dir / "models"
 
+    @property
+    def files_dir(self) -> Path:
+        """Where the Files API keeps uploaded and batch-written bytes."""
+        return self.data_dir / "files"
+
 
 _PATHS = {"model_dir", "data_dir", "envelope_path", "api_keys_path"}
 _INTS = {
@@ -107,8 +160,22 @@ _INTS = {
     "num_threads",
     "kv_cache_bytes",
     "redis_max_connections",
+    "batch_max_file_bytes",
+    "batch_max_lines",
+    "batch_max_queued_lines",
 }
-_FLOATS = {"lease_s", "stream_idle_timeout_s", "drain_timeout_s", "redis_pool_timeout_s"}
+_FLOATS = {
+    "lease_s",
+    "stream_idle_timeout_s",
+    "drain_timeout_s",
+    "redis_pool_timeout_s",
+    "redis_connect_timeout_s",
+    "redis_socket_timeout_s",
+    "redis_check_interval_s",
+    "body_read_timeout_s",
+    "batch_poll_interval_s",
+    "batch_lock_s",
+}
 
 
 def _parse(name: str, raw: str) -> Any:

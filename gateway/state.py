@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import redis.asyncio as aioredis
 
@@ -18,6 +19,9 @@ from gateway.queue import QueueStore
 from gateway.settings import Settings
 from gateway.token_stream import TokenStreams
 from policies.envelope import Envelope
+
+if TYPE_CHECKING:  # the batch package imports gateway modules that import this one
+    from gateway.batch.runtime import BatchRuntime
 
 
 @dataclass(slots=True)
@@ -36,6 +40,8 @@ class GatewayState:
     engine: AsyncEngine | None = None
     tokenizer: Tokenizer | None = None
     dispatcher: Dispatcher | None = None
+    # The Files and Batch APIs (stores and the batch supervisor).
+    batch: BatchRuntime | None = None
     engine_ready: bool = False
     redis_ok: bool = False
     draining: bool = False

@@ -42,6 +42,12 @@ def _bench_sweep(args: argparse.Namespace) -> int:
     return run_sweep(args)
 
 
+def _bench_simulate(args: argparse.Namespace) -> int:
+    from bench.simulate import run_simulate
+
+    return run_simulate(args)
+
+
 def _envelope_derive(args: argparse.Namespace) -> int:
     from bench.envelope_cli import run_envelope_derive
 
@@ -147,6 +153,80 @@ def _add_bench(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     sweep.add_argument("--step-token-budgets", default="256,512")
     sweep.add_argument("--policy", default="mixgate")
     sweep.set_defaults(handler=_bench_sweep)
+    _add_soak(kinds)
+    _add_simulation(kinds, compare, sweep)
+    _add_batch_bench(kinds)
+
+
+def _bench_soak(args: argparse.Namespace) -> int:
+    from bench.soak import run_soak
+
+    return run_soak(args)
+
+
+def _bench_batch(args: argparse.Namespace) -> int:
+    from bench.batch_bench import run_batch_bench
+
+    return run_batch_bench(args)
+
+
+def _add_batch_bench(kinds: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    from bench.batch_bench_args import add_batch_bench_arguments
+
+    batch = kinds.add_parser("batch", help="streamed chat TTFT/ITL with and without a batch")
+    add_batch_bench_arguments(batch)
+    batch.set_defaults(handler=_bench_batch)
+
+
+def _add_soak(kinds: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    from bench.soak_args import add_soak_arguments
+
+    soak = kinds.add_parser("soak", help="bounded soak under load: memory, KV blocks, tasks")
+    add_soak_arguments(soak)
+    soak.set_defaults(handler=_bench_soak)
+
+
+def _add_simulation(
+    kinds: argparse._SubParsersAction[argparse.ArgumentParser],
+    compare: argparse.ArgumentParser,
+    sweep: argparse.ArgumentParser,
+) -> None:
+    """`bench simulate`, and `--simulate` (virtual time, cost model) for compare and sweep."""
+    from bench.sim_args import add_simulate_arguments, add_simulation_flags
+
+    simulate = kinds.add_parser(
+        "simulate", help="the real scheduler in virtual time, step times from the cost model"
+    )
+    add_simulate_arguments(simulate)
+    simulate.set_defaults(handler=_bench_simulate)
+    for parser in (compare, sweep):
+        add_simulation_flags(parser, switch=True)
+
+
+def _plan(args: argparse.Namespace) -> int:
+    from bench.plan_cli import run_plan
+
+    return run_plan(args)
+
+
+def _plan_calibrate(args: argparse.Namespace) -> int:
+    from bench.calibrate import run_calibrate
+
+    return run_calibrate(args)
+
+
+def _add_plan(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """`plan` (cost model per batch size, best B, starting envelope) and `plan calibrate`."""
+    from bench.calibrate_args import add_calibrate_arguments
+    from bench.plan_cli import add_plan_arguments
+
+    plan = sub.add_parser("plan", help="capacity plan from the cost model; `calibrate` measures")
+    add_plan_arguments(plan)
+    plan.set_defaults(handler=_plan)
+    modes = plan.add_subparsers(dest="plan_mode", required=False)
+    calibrate = modes.add_parser("calibrate", help="fit the cost model's rates to engine steps")
+    add_calibrate_arguments(calibrate)
+    calibrate.set_defaults(handler=_plan_calibrate)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -164,6 +244,7 @@ _SUBCOMMANDS: list[Callable[[argparse._SubParsersAction[argparse.ArgumentParser]
     _add_make_model,
     _add_bench,
     _add_envelope,
+    _add_plan,
 ]
 
 

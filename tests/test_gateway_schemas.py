@@ -439,10 +439,20 @@ def test_openapi_covers_the_api() -> None:
         ("GET", "/metrics"),
         ("GET", "/v1/envelope"),
         ("GET", "/openapi.json"),
+        # The Files and Batch APIs (gateway/openapi_batch.py).
+        ("POST", "/v1/files"),
+        ("GET", "/v1/files"),
+        ("GET", "/v1/files/{file_id}"),
+        ("DELETE", "/v1/files/{file_id}"),
+        ("GET", "/v1/files/{file_id}/content"),
+        ("POST", "/v1/batches"),
+        ("GET", "/v1/batches"),
+        ("GET", "/v1/batches/{batch_id}"),
+        ("POST", "/v1/batches/{batch_id}/cancel"),
     }
     assert expected == DOCUMENTED_OPERATIONS
     chat = doc["paths"]["/v1/chat/completions"]["post"]
-    assert set(chat["responses"]) == {"200", "400", "401", "403", "413", "429", "503"}
+    assert set(chat["responses"]) == {"200", "400", "401", "403", "404", "408", "413", "429", "503"}
     assert set(chat["responses"]["200"]["content"]) == {"application/json", "text/event-stream"}
     too_many = _resolve(doc, chat["responses"]["429"]["$ref"])
     assert "Retry-After" in too_many["headers"]
