@@ -138,18 +138,33 @@ class HttpSender:
             "temperature": 0,
             # Output lengths must hold whatever a random-weight model samples.
             "ignore_eos": True,
+            **self._class_fields(cls),
         }
         try:
             if cls is RequestClass.INTERACTIVE:
                 await self._chat(request, record, body, rng)
             else:
-                await self._job(request, record, body, rng)
+                await self._bulk(request, record, body, rng)
         except (httpx.HTTPError, ValueError, KeyError) as exc:
             record.outcome, record.error_code = ERROR, type(exc).__name__
         self._recorder.finish(record)
         if record.outcome == REJECTED:
             return record.retry_after_s or 1.0
         return 0.0
+
+    def _class_fields(self, request_class: RequestClass) -> dict[str, Any]:
+        """Extra body fields per class (none for mixgate: the route decides the class)."""
+        return {}
+
+    async def _bulk(
+        self,
+        request: PlannedRequest,
+        record: RequestRecord,
+        body: dict[str, Any],
+        rng: random.Random,
+    ) -> None:
+        """How a bulk request is sent: a mixgate job, submitted and polled."""
+        await self._job(request, record, body, rng)
 
     # ---- interactive: SSE ----------------------------------------------------------------
 

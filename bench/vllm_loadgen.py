@@ -10,6 +10,7 @@ is in flight until it is answered.
 from __future__ import annotations
 
 import asyncio
+import random
 import time
 from typing import Any
 
@@ -19,8 +20,8 @@ from bench.loadgen import LoadResult, offered_load
 from bench.loadgen_drive import LoadDriver
 from bench.loadgen_http import HttpSender, Recorder, _refused
 from bench.loadgen_progress import LoadProgress
-from bench.records import ERROR, OK, RequestRecord
-from bench.workload import PlannedRequest, Workload, prompt_messages, request_rng
+from bench.records import OK, RequestRecord
+from bench.workload import PlannedRequest, Workload
 from policies.request_class import RequestClass
 
 __all__ = ["VllmSender", "run_vllm_load"]
@@ -35,37 +36,17 @@ class VllmSender(HttpSender):
         super().__init__(*args, **kwargs)
         self._use_priority = use_priority
 
-    async def __call__(self, request: PlannedRequest) -> float:
-        cls = request.request_class
-        record = RequestRecord(
-            request_id=f"{cls.value}-{request.index}",
-            request_class=cls.value,
-            prompt_tokens=request.prompt_tokens,
-            max_tokens=request.max_tokens,
-            scheduled_s=request.at_s,
-            sent_s=self._clock() - self._t0,
-            cancel_plan=request.cancel.when if request.cancel is not None else None,
-        )
-        self._recorder.start(record)
-        rng = request_rng(self._seed, cls, request.index)
-        body: dict[str, Any] = {
-            "model": self._model,
-            "messages": prompt_messages(rng, request.prompt_tokens),
-            "max_tokens": request.max_tokens,
-            "temperature": 0,
-            "ignore_eos": True,
-        }
-        if self._use_priority:
-            body["priority"] = _PRIORITY[cls]
-        try:
-            if cls is RequestClass.INTERACTIVE:
-                await self._chat(request, record, body, rng)
-            else:
-                await self._completion(record, body)
-        except (httpx.HTTPError, ValueError, KeyError) as exc:
-            record.outcome, record.error_code = ERROR, type(exc).__name__
-        self._recorder.finish(record)
-        return 0.0
+    def _class_fields(self, request_class: RequestClass) -> dict[str, Any]:
+        return {"priority": _PRIORITY[request_class]} if self._use_priority else {}
+
+    async def _bulk(
+        self,
+        request: PlannedRequest,
+        record: RequestRecord,
+        body: dict[str, Any],
+        rng: random.Random,
+    ) -> None:
+        await self._completion(record, body)
 
     async def _completion(self, record: RequestRecord, body: dict[str, Any]) -> None:
         sent = self._clock()
