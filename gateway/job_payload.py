@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Any
 
 from engine.request import GenerationRequest
@@ -31,12 +31,21 @@ class JobPayload:
     extra: dict[str, Any] = field(default_factory=dict)
 
     def to_json(self) -> str:
-        data = asdict(self)
-        data["prompt_token_ids"] = list(self.prompt_token_ids)
-        data["sampling"] = {
-            k: list(v) if isinstance(v, tuple) else v
-            for k, v in data["sampling"].items()
-            if k != "max_stop_strings"
+        # NOTE: not dataclasses.asdict: it deep-copies every prompt token id one at a time, ~2 ms
+        # of event loop for a 1k-token prompt, and a burst of job submissions stalled chats.
+        sampling = {
+            f.name: getattr(self.sampling, f.name)
+            for f in fields(self.sampling)
+            if f.name != "max_stop_strings"
+        }
+        data = {
+            "prompt_token_ids": list(self.prompt_token_ids),
+            "sampling": {k: list(v) if isinstance(v, tuple) else v for k, v in sampling.items()},
+            "model": self.model,
+            "created_s": self.created_s,
+            "stream": self.stream,
+            "include_usage": self.include_usage,
+            "extra": self.extra,
         }
         return json.dumps(data, separators=(",", ":"))
 
