@@ -28,6 +28,7 @@ from engine.detokenizer import IncrementalDetokenizer
 from engine.errors import EngineDeadError, RequestValidationError
 from engine.model_config import ModelConfig
 from engine.request import GenerationRequest, RequestMetrics, RequestOutput
+from engine.request_limits import check_request_limits
 from engine.step_record import LoadSnapshot
 from engine.tokenizer import Tokenizer
 from engine.vllm_args import (
@@ -67,34 +68,12 @@ class VllmEngineInfo:
 
     def validate(self, request: GenerationRequest) -> None:
         """The native engine's checks, so the gateway's 400s read the same on both engines."""
-        prompt_len = len(request.prompt_token_ids)
-        total = prompt_len + request.sampling.max_tokens
-        if prompt_len >= self.max_model_len:
-            raise RequestValidationError(
-                f"the prompt has {prompt_len} tokens; this model's context is "
-                f"{self.max_model_len} tokens, including at least one output token",
-                code="context_length_exceeded",
-                param="messages",
-            )
-        if total > self.max_model_len:
-            raise RequestValidationError(
-                f"prompt ({prompt_len} tokens) + max_tokens ({request.sampling.max_tokens}) "
-                f"exceeds the context of {self.max_model_len} tokens",
-                code="context_length_exceeded",
-                param="max_tokens",
-            )
-        if total > self.kv_capacity_tokens:
-            raise RequestValidationError(
-                f"the request needs up to {total} tokens of KV cache; the whole cache holds "
-                f"{self.kv_capacity_tokens}",
-                code="context_length_exceeded",
-                param="max_tokens",
-            )
-        vocab = self.model_config.vocab_size
-        if any(not 0 <= t < vocab for t in request.prompt_token_ids):
-            raise RequestValidationError(
-                f"prompt token ids must be in [0, {vocab})", param="prompt"
-            )
+        check_request_limits(
+            request,
+            max_model_len=self.max_model_len,
+            kv_capacity_tokens=self.kv_capacity_tokens,
+            vocab_size=self.model_config.vocab_size,
+        )
 
 
 @dataclass(slots=True)
