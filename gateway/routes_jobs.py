@@ -14,6 +14,7 @@ from typing import Any
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
+from gateway.auth import Principal
 from gateway.errors import APIError, read_json_body
 from gateway.intake import (
     admit,
@@ -39,6 +40,11 @@ async def create_job(request: Request) -> Response:
     require_redis(state)
     require_ready(state)
     principal = authenticate(request, state)
+    async with state.job_intake:
+        return await _create_job(request, state, principal)
+
+
+async def _create_job(request: Request, state: GatewayState, principal: Principal) -> Response:
     body = parse_job_request(await _body(request, state))
     require_model(state, body.model)
     cls = request_class(request, RequestClass.BULK, body.service_tier, principal)

@@ -51,6 +51,11 @@ class Settings:
     redis_check_interval_s: float = 0.5
     max_attempts: int = 3
     max_body_bytes: int = 4 * 1024 * 1024
+    # Job submissions being parsed, tokenized and admitted at once; the rest wait parked. NOTE:
+    # without a bound, a client that posts a backlog of 400 jobs at once puts 400 runnable tasks
+    # on the event loop and every await of a chat request queues behind all of them (chats sent
+    # during such a burst waited seconds for their first token).
+    job_intake_concurrency: int = 16
     # A request body must arrive within this (all of it): a slow-loris client gets 408.
     body_read_timeout_s: float = 30.0
     # Token streams stay readable this long after they end (late readers, resumes).
@@ -91,6 +96,8 @@ class Settings:
             raise ValueError("max_attempts must be at least 1")
         if self.max_body_bytes < 1024:
             raise ValueError("max_body_bytes must be at least 1024")
+        if self.job_intake_concurrency < 1:
+            raise ValueError("job_intake_concurrency must be at least 1")
         if self.policy not in {p.value for p in SchedulingPolicy}:
             raise ValueError(f"unknown policy {self.policy!r}: fcfs, priority or mixgate")
         if self.engine not in ("native", "vllm"):
@@ -156,6 +163,7 @@ _INTS = {
     "port",
     "max_attempts",
     "max_body_bytes",
+    "job_intake_concurrency",
     "stream_ttl_s",
     "num_threads",
     "kv_cache_bytes",

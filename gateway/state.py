@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
@@ -47,6 +48,11 @@ class GatewayState:
     draining: bool = False
     # Why the engine could not start (the service then stays unready and says so).
     startup_error: str | None = None
+    # Bounds the job submissions in intake at once (settings.job_intake_concurrency).
+    job_intake: asyncio.Semaphore = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.job_intake = asyncio.Semaphore(self.settings.job_intake_concurrency)
 
     def not_ready_reasons(self) -> list[str]:
         reasons = []
