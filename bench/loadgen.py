@@ -85,7 +85,13 @@ async def run_load(
     drain_s: float = 10.0,
     progress: bool = True,
     job_poll_s: float = 0.5,
+    sender_class: type[HttpSender] = HttpSender,
+    sender_options: dict[str, Any] | None = None,
+    scrape_metrics: bool = True,
 ) -> LoadResult:
+    """Drive `workload` against `base_url`. `sender_class` decides how each request is sent
+    (mixgate's chat + jobs by default; `bench.vllm_loadgen.VllmSender` for a plain vLLM server,
+    whose /metrics are its own, hence `scrape_metrics=False`)."""
     if not metrics_interval_s > 0:
         raise ValueError(f"metrics_interval_s: must be > 0, got {metrics_interval_s!r}")
     if not drain_s >= 0:
@@ -102,7 +108,7 @@ async def run_load(
         base_url=base_url, headers=headers, limits=limits, timeout=timeout
     ) as client:
         t0 = clock()
-        sender = HttpSender(
+        sender = sender_class(
             client,
             recorder,
             model=model,
@@ -111,6 +117,7 @@ async def run_load(
             sleep=sleep,
             t0=t0,
             job_poll_s=job_poll_s,
+            **(sender_options or {}),
         )
         driver = LoadDriver(workload, sender, clock=clock, sleep=sleep, t0=t0)
 
@@ -121,13 +128,17 @@ async def run_load(
             except (httpx.HTTPError, ValueError):
                 pass  # a missed sample is a gap in a plot, not a failed run
 
-        sampler = asyncio.get_running_loop().create_task(
-            sample_loop(
-                scrape,
-                interval_s=metrics_interval_s,
-                now_s=driver.now_s,
-                sleep_until=driver.sleep_until,
+        sampler = (
+            asyncio.get_running_loop().create_task(
+                sample_loop(
+                    scrape,
+                    interval_s=metrics_interval_s,
+                    now_s=driver.now_s,
+                    sleep_until=driver.sleep_until,
+                )
             )
+            if scrape_metrics
+            else None
         )
         with LoadProgress(workload, driver.plan, progress) as bar:
             recorder.listener = bar
@@ -137,8 +148,9 @@ async def run_load(
             finally:
                 # On an error too: no request task may outlive the client it uses.
                 await driver.drain(0.0)
-                sampler.cancel()
-                await asyncio.gather(sampler, return_exceptions=True)
+                if sampler is not None:
+                    sampler.cancel()
+                    await asyncio.gather(sampler, return_exceptions=True)
                 await sender.jobs.close()
                 await _abandon(client, recorder)
         duration_s = clock() - t0

@@ -13,9 +13,10 @@ from pathlib import Path
 from typing import Any
 
 from bench.live_run import RunSpec, run_live
+from bench.loadgen import run_load
 from bench.run_folder import write_run_folder
 from bench.summary import summarize
-from bench.vllm_loadgen import run_vllm_load
+from bench.vllm_loadgen import VllmSender
 from bench.vllm_server import VllmServer
 from bench.workload import Workload, dump_workload
 from policies.envelope import Envelope, load_envelope
@@ -66,11 +67,14 @@ def run_policy(
     ).start()
     try:
         result = asyncio.run(
-            run_vllm_load(
+            run_load(
                 server.url,
                 workload,
                 model=server.served_model_name,
-                use_priority=_PLAIN[name] == "priority",
+                sender_class=VllmSender,
+                sender_options={"use_priority": _PLAIN[name] == "priority"},
+                # vLLM's /metrics are its own; nothing to sample.
+                scrape_metrics=False,
             )
         )
     finally:

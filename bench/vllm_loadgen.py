@@ -9,22 +9,15 @@ is in flight until it is answered.
 
 from __future__ import annotations
 
-import asyncio
 import random
-import time
 from typing import Any
 
-import httpx
-
-from bench.loadgen import LoadResult, offered_load
-from bench.loadgen_drive import LoadDriver
-from bench.loadgen_http import HttpSender, Recorder, _refused
-from bench.loadgen_progress import LoadProgress
+from bench.loadgen_http import HttpSender, _refused
 from bench.records import OK, RequestRecord
-from bench.workload import PlannedRequest, Workload
+from bench.workload import PlannedRequest
 from policies.request_class import RequestClass
 
-__all__ = ["VllmSender", "run_vllm_load"]
+__all__ = ["VllmSender"]
 
 _PRIORITY = {RequestClass.INTERACTIVE: 0, RequestClass.BULK: 1}
 
@@ -59,40 +52,3 @@ class VllmSender(HttpSender):
         usage = response.json().get("usage") or {}
         record.output_tokens = int(usage.get("completion_tokens", 0))
         record.outcome = OK
-
-
-async def run_vllm_load(
-    base_url: str, workload: Workload, *, model: str, use_priority: bool, drain_s: float = 10.0
-) -> LoadResult:
-    """`bench.loadgen.run_load` against vLLM (no /metrics sampling: vLLM's are its own)."""
-    clock, sleep = time.monotonic, asyncio.sleep
-    limits = httpx.Limits(max_connections=16384, max_keepalive_connections=16384)
-    timeout = httpx.Timeout(30.0, read=600.0, pool=None)
-    recorder = Recorder()
-    async with httpx.AsyncClient(base_url=base_url, limits=limits, timeout=timeout) as client:
-        t0 = clock()
-        sender = VllmSender(
-            client,
-            recorder,
-            model=model,
-            seed=workload.seed,
-            clock=clock,
-            sleep=sleep,
-            t0=t0,
-            job_poll_s=0.5,
-            use_priority=use_priority,
-        )
-        driver = LoadDriver(workload, sender, clock=clock, sleep=sleep, t0=t0)
-        with LoadProgress(workload, driver.plan, True) as bar:
-            recorder.listener = bar
-            try:
-                await driver.run_schedule()
-                await driver.drain(drain_s)
-            finally:
-                # Cancelled requests close their connections; vLLM aborts them.
-                await driver.drain(0.0)
-                await sender.jobs.close()
-                recorder.abandon_all()
-        duration_s = clock() - t0
-    records = sorted(recorder.finished, key=lambda rec: (rec.sent_s, rec.request_id))
-    return LoadResult(records, [], duration_s, offered_load(workload, driver.issued))
