@@ -170,8 +170,32 @@ def test_slow_loris_body_times_out_and_others_are_served(server: ServerProcess, 
             if reply:
                 break
             assert time.monotonic() - started < 15
+        # The headers and the body may arrive in separate segments: read the whole response.
+        reply = _read_whole_response(sock, reply)
     assert reply.startswith(b"HTTP/1.1 408"), reply[:200]
     assert b'"code":"request_timeout"' in reply
+
+
+def _read_whole_response(sock: socket.socket, reply: bytes) -> bytes:
+    """Keep reading until the Content-Length of body bytes is in (or the server closes)."""
+    sock.settimeout(5)
+    while True:
+        head, sep, rest = reply.partition(b"\r\n\r\n")
+        if sep:
+            lengths = [
+                int(line.split(b":", 1)[1])
+                for line in head.split(b"\r\n")
+                if line.lower().startswith(b"content-length:")
+            ]
+            if lengths and len(rest) >= lengths[0]:
+                return reply
+        try:
+            chunk = sock.recv(65536)
+        except (TimeoutError, OSError):
+            return reply
+        if not chunk:
+            return reply
+        reply += chunk
 
 
 def test_auth_statuses(server: ServerProcess, model: str, alpha: httpx.Client) -> None:
