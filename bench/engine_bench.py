@@ -50,7 +50,7 @@ from bench.engine_bench_throughput import (
     mixed_workload,
     run_engine_requests,
 )
-from bench.hardware_rates import MeasuredRates, measure_hardware_rates, median_rates
+from bench.hardware_rates import MeasuredRates, RatesProbe, measure_hardware_rates, median_rates
 from engine.llm_engine import LLMEngine
 from engine.request import GenerationRequest
 from policies.costmodel import ModelShape, decode_step_estimate_s
@@ -132,22 +132,26 @@ def _step_engine(config: BenchConfig) -> LLMEngine:
     return make_engine(config, max(sizes), num_blocks + 1)
 
 
+def measure_rates_here(
+    dtype: torch.dtype, device: torch.device, matrix_bytes: int | None
+) -> MeasuredRates:
+    """The bench's default `RatesProbe`: C and BW measured on this machine, 5 repeats."""
+    return measure_hardware_rates(dtype, device, matrix_bytes=matrix_bytes, repeats=5)
+
+
 def measure_steps(
     config: BenchConfig,
     engine: LLMEngine,
     progress: Console,
     union_log: ExpertUnionLog | None = None,
+    measure_rates: RatesProbe = measure_rates_here,
 ) -> tuple[dict[int, list[list[float]]], list[MeasuredRates]]:
     """Per batch size, each round's step samples; and each round's hardware rates."""
     sizes = config.all_batch_sizes()
     samples: dict[int, list[list[float]]] = {size: [] for size in sizes}
     rates = []
     for round_index in range(config.rounds):
-        rates.append(
-            measure_hardware_rates(
-                engine.dtype, engine.device, matrix_bytes=config.matrix_bytes, repeats=5
-            )
-        )
+        rates.append(measure_rates(engine.dtype, engine.device, config.matrix_bytes))
         # Alternate the order so that a slow drift does not always favour the same end.
         for size in sizes if round_index % 2 == 0 else reversed(sizes):
             samples[size].append(time_decode_steps(engine, size, config, round_index, union_log))
@@ -188,7 +192,10 @@ def step_rows(
     return rows
 
 
-def run_engine_bench(args: argparse.Namespace) -> int:
+def run_engine_bench(
+    args: argparse.Namespace, *, measure_rates: RatesProbe = measure_rates_here
+) -> int:
+    """`measure_rates`: where C and BW come from each round (tests pass fixed ones)."""
     config = BenchConfig.from_args(args)
     console, progress = Console(), Console(stderr=True)
     # Other processes' load is the main source of noise on a shared machine: record it.
@@ -197,7 +204,7 @@ def run_engine_bench(args: argparse.Namespace) -> int:
         torch.set_num_threads(config.threads)
     engine = _step_engine(config)
     union_log = ExpertUnionLog(engine) if engine.model_config.is_moe else None
-    samples, round_rates = measure_steps(config, engine, progress, union_log)
+    samples, round_rates = measure_steps(config, engine, progress, union_log, measure_rates)
     rates = median_rates(round_rates)
     shape = model_shape(engine, config.model_dir)
     rows = step_rows(config, shape, rates, samples)

@@ -6,6 +6,10 @@ each weight matrix: every weight is read once and used once. The matrix must be 
 than the last-level cache, or the number is the cache's speed, not memory's.
 
 Both are medians over repeats: on a shared machine a single sample can be off by 2-8x.
+
+A benchmark takes its rates through a `RatesProbe`, so that a test can hand it fixed numbers
+(`fixed_rates_probe`): a verdict that depends on this machine's measured speed passes on one
+CPU and fails on another.
 """
 
 from __future__ import annotations
@@ -22,7 +26,9 @@ from policies.costmodel import HardwareRates
 
 __all__ = [
     "MeasuredRates",
+    "RatesProbe",
     "default_matrix_bytes",
+    "fixed_rates_probe",
     "last_level_cache_bytes",
     "measure_hardware_rates",
     "median_rates",
@@ -52,8 +58,15 @@ class MeasuredRates:
     threads: int
     repeats: int  # timed repeats per round
     rounds: int = 1  # measurements this one is the median of (see median_rates)
+    given: bool = False  # True: fixed numbers handed in (tests), not measured on this machine
 
     def hardware(self) -> HardwareRates:
+        if self.given:
+            return HardwareRates(
+                flops_per_s=self.flops_per_s,
+                bytes_per_s=self.bytes_per_s,
+                source=f"given: C {self.flops_per_s:.6g} FLOP/s, BW {self.bytes_per_s:.6g} B/s",
+            )
         return HardwareRates(
             flops_per_s=self.flops_per_s,
             bytes_per_s=self.bytes_per_s,
@@ -162,6 +175,29 @@ def measure_hardware_rates(
         threads=torch.get_num_threads(),
         repeats=repeats,
     )
+
+
+# (dtype, device, bandwidth matrix bytes or None for the default) -> one round's rates.
+RatesProbe = Callable[[torch.dtype, torch.device, int | None], MeasuredRates]
+
+
+def fixed_rates_probe(flops_per_s: float, bytes_per_s: float) -> RatesProbe:
+    """A probe that measures nothing and returns these rates every round."""
+
+    def probe(dtype: torch.dtype, device: torch.device, matrix_bytes: int | None) -> MeasuredRates:
+        return MeasuredRates(
+            flops_per_s=flops_per_s,
+            bytes_per_s=bytes_per_s,
+            matmul_size=0,
+            matrix_bytes=0,
+            dtype=str(dtype).removeprefix("torch."),
+            device=str(device),
+            threads=torch.get_num_threads(),
+            repeats=0,
+            given=True,
+        )
+
+    return probe
 
 
 def median_rates(rounds: list[MeasuredRates]) -> MeasuredRates:
