@@ -178,8 +178,9 @@ def _blocks_free_now(engine: AsyncEngine) -> bool:
     return manager.num_free_blocks == manager.num_blocks
 
 
-async def _all_blocks_free(engine: AsyncEngine, within_s: float = 1.0) -> bool:
-    """Free blocks back to the total within `within_s` (the abort runs on the engine thread)."""
+async def _all_blocks_free(engine: AsyncEngine, within_s: float = 30.0) -> bool:
+    """Free blocks back to the total within `within_s` (the abort runs on the engine thread;
+    the bound is generous, a deadline for a hang, not a speed requirement)."""
     deadline = asyncio.get_running_loop().time() + within_s
     while not _blocks_free_now(engine):
         if asyncio.get_running_loop().time() > deadline:
@@ -317,24 +318,24 @@ async def test_engine_validation_error_fails_the_job_with_400(
 
 
 @pytest.mark.redis
-async def test_cancel_of_a_running_job_aborts_it_within_a_second(
+async def test_cancel_of_a_running_job_aborts_it_by_pubsub_not_the_lease_loop(
     engine: AsyncEngine, client: aioredis.Redis, store: QueueStore, streams: TokenStreams
 ) -> None:
     job_id = await _admit(store, INT, 900)
-    # Renewals 5 s apart: the cancel must arrive by pub/sub, not by the flag check.
-    config = _config(lease_ms=10_000, renew_interval_ms=5_000)
+    # The lease loop's first round runs at start, before the cancel, and its next one only
+    # after 10 minutes, far past the generous wait below: a cancel that ends the job within the
+    # wait came by pub/sub, not by the flag check. (Before: "within 1 s" of wall time, a
+    # verdict that depended on how fast this CPU is.)
+    config = _config(lease_ms=1_200_000, renew_interval_ms=600_000)
     dispatcher = Dispatcher(store, streams, engine, config, redis=client)
     await dispatcher.start()
     try:
         assert (await _first_event(streams, job_id)).kind == DELTA
-        started_s = time.monotonic()
         assert await store.cancel(job_id, TENANT, _now_ms()) == "cancelling"
-        events = await _events(streams, job_id, timeout_s=1.0)
-        elapsed_s = time.monotonic() - started_s
+        events = await _events(streams, job_id, timeout_s=60.0)
     finally:
         await dispatcher.stop(drain_timeout_s=5.0)
 
-    assert elapsed_s < 1.0
     assert (events[-1].kind, events[-1].data["code"]) == (ERROR, "cancelled")
     assert len(events) < 900
     assert (await _record(store, job_id)).status is JobStatus.CANCELLED
@@ -522,12 +523,11 @@ async def test_stop_hands_back_jobs_still_running_at_the_timeout(
     for job_id in [*bulk_ids, chat_id]:
         assert (await _first_event(streams, job_id)).kind == DELTA
 
-    drain_timeout_s = 0.1
-    started_s = time.monotonic()
-    drained = await dispatcher.stop(drain_timeout_s=drain_timeout_s)
-    elapsed_s = time.monotonic() - started_s
+    # A zero drain timeout: every job (600 tokens, each just past its first) is still running
+    # when it ends, whatever this CPU's speed. (Before: 0.1 s and "stop returned within 1.6 s"
+    # of wall time; a stop that waited for the jobs would show as finished, not handed back.)
+    drained = await dispatcher.stop(drain_timeout_s=0.0)
 
-    assert elapsed_s < drain_timeout_s + 1.5
     assert sorted(drained.handed_back) == sorted([*bulk_ids, chat_id])
     assert (drained.finished, drained.not_handed_back) == (0, ())
     assert await _all_blocks_free(engine)
