@@ -7,6 +7,7 @@ class's queue bound (a queue that filled up in between still answers `queue_full
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -27,6 +28,9 @@ from policies.request_class import RequestClass
 # rates; they are deliberately low so that an unmeasured replica errs toward rejecting.
 FALLBACK_PREFILL_TOKENS_PER_S = 500.0
 FALLBACK_DECODE_TOKENS_PER_S = 50.0
+# A chat prompt's size before any was admitted (the issue's chats: 64-256 characters + template).
+FALLBACK_INTERACTIVE_PROMPT_TOKENS = 200.0
+_MEAN_PROMPT_WEIGHT = 0.05
 
 
 @dataclass(slots=True)
@@ -46,6 +50,14 @@ class _PromptShare:
             self.share += self.weight * (prompt_tokens / cost_tokens - self.share)
 
 
+def _prompt_part(queued_tokens: int, share: _PromptShare) -> int:
+    """The estimated prompt part of a queue's tokens; at least 1 when anything is queued, since
+    0 means "split unknown" to the policy."""
+    if queued_tokens <= 0:
+        return 0
+    return min(queued_tokens, max(1, int(queued_tokens * share.share)))
+
+
 class AdmissionService:
     def __init__(
         self,
@@ -59,6 +71,8 @@ class AdmissionService:
         self.config = config
         self._engine_load = engine_load
         self._prompt_share = {c: _PromptShare() for c in RequestClass}
+        # Exponential average of admitted chat prompts: the size of one not yet scheduled.
+        self._mean_interactive_prompt_tokens = FALLBACK_INTERACTIVE_PROMPT_TOKENS
         self.last_depths: dict[RequestClass, QueueDepth] = {}
 
     def rates(self) -> EngineRates:
@@ -66,12 +80,25 @@ class AdmissionService:
         prefill = load.prefill_tokens_per_s if load else None
         decode = load.decode_tokens_per_s if load else None
         running = load.running_by_class if load else {}
+        waiting_interactive = load.waiting_by_class.get(RequestClass.INTERACTIVE, 0) if load else 0
+        envelope = self.envelope
         return EngineRates(
             prefill_tokens_per_s=prefill or FALLBACK_PREFILL_TOKENS_PER_S,
             decode_tokens_per_s=decode or FALLBACK_DECODE_TOKENS_PER_S,
             running_interactive_seqs=running.get(RequestClass.INTERACTIVE, 0),
             running_bulk_seqs=running.get(RequestClass.BULK, 0),
             measured=bool(prefill and decode),
+            # The most bulk prefill one step carries: the chunk cap, or the aged guarantee.
+            bulk_step_tokens=max(
+                envelope.bulk_prefill_chunk_tokens,
+                math.ceil(envelope.bulk_min_share * envelope.step_token_budget),
+            ),
+            # The dispatcher claims interactive work while the engine has a slot for it.
+            interactive_slots=envelope.max_active_seqs,
+            waiting_interactive_prompt_tokens=round(
+                waiting_interactive * self._mean_interactive_prompt_tokens
+            ),
+            recent_step_s=load.recent_step_s if load and load.recent_step_s else None,
         )
 
     async def decide(self, shape: RequestShape) -> AdmissionDecision:
@@ -82,7 +109,7 @@ class AdmissionService:
                 depth=depths[c].jobs,
                 queued_tokens=depths[c].queued_tokens,
                 queue_limit=self.envelope.queue_limit(c),
-                queued_prompt_tokens=int(depths[c].queued_tokens * self._prompt_share[c].share),
+                queued_prompt_tokens=_prompt_part(depths[c].queued_tokens, self._prompt_share[c]),
             )
             for c in RequestClass
         }
@@ -94,4 +121,8 @@ class AdmissionService:
         result = await self.store.admit(job)
         if result.admitted:
             self._prompt_share[job.request_class].update(prompt_tokens, job.cost_tokens)
+            if job.request_class is RequestClass.INTERACTIVE:
+                self._mean_interactive_prompt_tokens += _MEAN_PROMPT_WEIGHT * (
+                    prompt_tokens - self._mean_interactive_prompt_tokens
+                )
         return result.status

@@ -8,12 +8,29 @@ Model (every assumption here is optimistic or pessimistic on purpose, and says w
 - The engine drains queued work at the rates in ``EngineRates``. Until the engine has measured
   them they come from the cost model (``policies/costmodel.py``), which is optimistic; once
   measured rates exist the gateway passes those instead (``EngineRates.measured``).
-- Queued prompt tokens drain at the prefill rate and queued output tokens (``max_tokens``, an
-  upper bound) at the aggregate decode rate. When the queue does not know its prompt share
-  (``queued_prompt_tokens == 0``) everything is costed at the slower decode rate: pessimistic.
-- Classes are served in strict priority: interactive work queued ahead of a bulk request
-  delays it; bulk work never delays an interactive request's start. (Aging bounds how far
-  this holds; ignoring it is pessimistic for bulk.)
+- Classes are served in strict priority, and an interactive request overtakes every bulk
+  request, queued or running (the scheduler gives interactive prefill the step budget before
+  bulk prefill and preempts bulk to make room). So an interactive request's predicted TTFT
+  counts only what it cannot overtake (``_interactive_start_s``):
+
+  1. the step in flight when it arrives, bounded by one bulk chunk
+     (``EngineRates.bulk_step_tokens`` at the prefill rate), when any bulk work exists;
+  2. the interactive prefill queued ahead of it (FCFS inside the class): the queue's prompt
+     tokens, plus those claimed into the engine and not yet scheduled, at the prefill rate
+     (their decodes run beside its prefill, they do not delay its first token);
+  3. only when interactive work fills every interactive slot: the output tokens queued ahead,
+     shared among the slots, one token per slot per step;
+  4. its own prompt, at the prefill rate.
+
+  The measured prefill rate charges whole mixed steps (every running sequence's decode
+  included) to the prefill tokens in them, so under a bulk backlog it is several times slower
+  than what one more chat prompt costs in a step: that margin covers the bulk chunk that may
+  ride along in the request's own prefill step, which is not counted again.
+- A bulk request waits for the interactive queue and its own queue to drain: queued prompt
+  tokens at the prefill rate, queued output tokens (``max_tokens``, an upper bound) at the
+  aggregate decode rate. When a queue does not know its prompt share
+  (``queued_prompt_tokens == 0``), bulk costs everything at the slower decode rate:
+  pessimistic. Interactive prediction needs the share (the admission service estimates it).
 - A new sequence joins the running batch at a step boundary, so the work left in running
   sequences does not delay its start; it shares the decode rate with them, at
   ``decode_tokens_per_s / (running + 1)`` per sequence. That assumes the aggregate does not
@@ -111,12 +128,34 @@ class EngineRates:
     running_interactive_seqs: int
     running_bulk_seqs: int
     measured: bool  # True: measured by the engine; False: the cost model's estimate
+    # The most bulk prefill tokens one step carries (the envelope's bulk chunk, or the aged
+    # bulk guarantee if larger): what bounds the step an interactive request cannot cut short.
+    bulk_step_tokens: int = 0
+    # Sequences the interactive class may run at once (0: no bound known).
+    interactive_slots: int = 0
+    # Prompt tokens of interactive sequences in the engine that are not yet scheduled.
+    waiting_interactive_prompt_tokens: int = 0
+    # The engine's recent step time (None until measured): a running sequence's time per token.
+    recent_step_s: float | None = None
 
     def __post_init__(self) -> None:
         _require_positive_finite("prefill_tokens_per_s", self.prefill_tokens_per_s)
         _require_positive_finite("decode_tokens_per_s", self.decode_tokens_per_s)
         if self.running_interactive_seqs < 0 or self.running_bulk_seqs < 0:
             raise ValueError("running sequence counts must be non-negative")
+        if min(self.bulk_step_tokens, self.interactive_slots) < 0:
+            raise ValueError("bulk_step_tokens and interactive_slots must be non-negative")
+        if self.waiting_interactive_prompt_tokens < 0:
+            raise ValueError("waiting_interactive_prompt_tokens must be non-negative")
+        if self.recent_step_s is not None:
+            _require_positive_finite("recent_step_s", self.recent_step_s)
+
+    @property
+    def per_sequence_token_s(self) -> float:
+        """Seconds between two tokens of one running sequence: it gets one token per step."""
+        if self.recent_step_s is not None:
+            return self.recent_step_s
+        return 1.0 / self.per_sequence_decode_tokens_per_s
 
     @property
     def per_sequence_decode_tokens_per_s(self) -> float:
@@ -176,6 +215,32 @@ def _length_rejection(shape: RequestShape, limits: LengthLimits) -> Rejection | 
     return None
 
 
+def _bulk_chunk_s(queues: Mapping[RequestClass, QueueState], rates: EngineRates) -> float:
+    """The time of one step's bulk chunk, when there is bulk work to fill one (else 0)."""
+    bulk_present = rates.running_bulk_seqs > 0 or queues[RequestClass.BULK].depth > 0
+    return rates.bulk_step_tokens / rates.prefill_tokens_per_s if bulk_present else 0.0
+
+
+def _interactive_start_s(queue: QueueState, rates: EngineRates, bulk_chunk_s: float) -> float:
+    """When an interactive request's prefill can start: only what it cannot overtake.
+
+    (1)-(3) of the module docstring: the step in flight (one bulk chunk), the interactive
+    prefill ahead, and, only when interactive work holds every interactive slot, the output
+    queued ahead shared among the slots at one token per slot per step.
+    """
+    # NOTE: the prompt share as given, 0 included: reading an unknown split as "all prompt"
+    # would make the prediction jump down when one prompt token becomes known, breaking
+    # monotonicity in the queue. The admission service always passes its estimate.
+    prompt_ahead = queue.queued_prompt_tokens + rates.waiting_interactive_prompt_tokens
+    prefill_ahead_s = prompt_ahead / rates.prefill_tokens_per_s
+    slots = rates.interactive_slots
+    slot_wait_s = 0.0
+    if slots and rates.running_interactive_seqs + queue.depth >= slots:
+        output_ahead = queue.queued_tokens - queue.queued_prompt_tokens
+        slot_wait_s = output_ahead / slots * rates.per_sequence_token_s
+    return bulk_chunk_s + prefill_ahead_s + slot_wait_s
+
+
 def _retry_after_s(predicted_wait_s: float, safety_factor: float) -> int:
     # Whole seconds (the Retry-After header's unit), rounded up, never 0: "retry at once"
     # would invite a tight retry loop against a queue that has not moved.
@@ -217,11 +282,13 @@ def decide_admission(
 
     # Work ahead: its own class, and for bulk also the interactive queue served before it.
     ahead_other_s = 0.0
+    own_queue_drain_s = rates.drain_s(own_queue)
+    prefill_s = shape.prompt_tokens / rates.prefill_tokens_per_s
     if cls is RequestClass.BULK:
         ahead_other_s = rates.drain_s(queues[RequestClass.INTERACTIVE])
-    own_queue_drain_s = rates.drain_s(own_queue)
-    start_s = ahead_other_s + own_queue_drain_s
-    prefill_s = shape.prompt_tokens / rates.prefill_tokens_per_s
+        start_s = ahead_other_s + own_queue_drain_s
+    else:
+        start_s = _interactive_start_s(own_queue, rates, _bulk_chunk_s(queues, rates))
     ttft_s = start_s + prefill_s
     finish_s = ttft_s + shape.max_tokens / rates.per_sequence_decode_tokens_per_s
 

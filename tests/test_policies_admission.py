@@ -1,7 +1,8 @@
 """Admission: length limits, queue bounds and deadline feasibility, with hand-worked numbers.
 
 Reference engine: prefill 1000 tokens/s, decode 100 tokens/s in aggregate, 1 interactive and 2
-bulk sequences running, so one more sequence decodes at 100 / (1 + 2 + 1) = 25 tokens/s.
+bulk sequences running, so one more sequence decodes at 100 / (1 + 2 + 1) = 25 tokens/s. Its
+bulk chunk and slot bound are off (0) unless a test sets them.
 """
 
 from __future__ import annotations
@@ -50,24 +51,25 @@ def queues(
 
 
 def test_interactive_accept_with_predictions() -> None:
-    # Queue ahead: 200 prompt tokens at 1000/s (0.2 s) + 100 output tokens at 100/s (1.0 s) = 1.2 s.
-    # Own prefill: 500 / 1000 = 0.5 s -> TTFT 1.7 s <= 2 s. Finish: 1.7 + 50 / 25 = 3.7 s.
+    # Queue ahead: 200 prompt tokens at 1000/s = 0.2 s; its 100 output tokens decode beside this
+    # request's prefill, so they do not delay its first token. Own prefill: 500 / 1000 = 0.5 s
+    # -> TTFT 0.7 s <= 2 s. Finish: 0.7 + 50 / 25 = 2.7 s.
     ahead = QueueState(depth=2, queued_tokens=300, queue_limit=64, queued_prompt_tokens=200)
     shape = RequestShape(INTERACTIVE, prompt_tokens=500, max_tokens=50)
     decision = decide_admission(shape, LIMITS, queues(interactive=ahead), RATES, EXACT)
     assert decision.accepted
     assert decision.rejection is None
-    assert decision.predicted_start_s == pytest.approx(1.2)
-    assert decision.predicted_ttft_s == pytest.approx(1.7)
-    assert decision.predicted_finish_s == pytest.approx(3.7)
+    assert decision.predicted_start_s == pytest.approx(0.2)
+    assert decision.predicted_ttft_s == pytest.approx(0.7)
+    assert decision.predicted_finish_s == pytest.approx(2.7)
     assert decision.deadline_s == 2.0
     assert decision.rates_measured is False
 
 
 def test_safety_factor_turns_a_close_call_into_a_reject() -> None:
-    # Same request: 1.7 s x 1.25 = 2.125 s > 2 s. The start must fall to 2 / 1.25 - 0.5 = 1.1 s,
-    # i.e. 0.1 s of draining, x 1.25 -> 0.125 s -> Retry-After 1.
-    ahead = QueueState(depth=2, queued_tokens=300, queue_limit=64, queued_prompt_tokens=200)
+    # 1200 prompt tokens ahead (1.2 s) + own 0.5 s = 1.7 s; x 1.25 = 2.125 s > 2 s. The start
+    # must fall to 2 / 1.25 - 0.5 = 1.1 s, i.e. 0.1 s of draining, x 1.25 -> Retry-After 1.
+    ahead = QueueState(depth=2, queued_tokens=1300, queue_limit=64, queued_prompt_tokens=1200)
     shape = RequestShape(INTERACTIVE, prompt_tokens=500, max_tokens=50)
     cfg = dataclasses.replace(EXACT, safety_factor=1.25)
     decision = decide_admission(shape, LIMITS, queues(interactive=ahead), RATES, cfg)
@@ -79,9 +81,9 @@ def test_safety_factor_turns_a_close_call_into_a_reject() -> None:
 
 
 def test_interactive_deadline_reject_retry_after_worked_by_hand() -> None:
-    # Ahead: 200 / 1000 + 2100 / 100 = 21.2 s; TTFT = 21.7 s > 2 s.
+    # Ahead: 21 200 prompt tokens / 1000 = 21.2 s; TTFT = 21.7 s > 2 s.
     # Start must fall to 2 - 0.5 = 1.5 s: 21.2 - 1.5 = 19.7 s of draining -> Retry-After 20.
-    ahead = QueueState(depth=20, queued_tokens=2300, queue_limit=64, queued_prompt_tokens=200)
+    ahead = QueueState(depth=20, queued_tokens=23_200, queue_limit=64, queued_prompt_tokens=21_200)
     shape = RequestShape(INTERACTIVE, prompt_tokens=500, max_tokens=50)
     decision = decide_admission(shape, LIMITS, queues(interactive=ahead), RATES, EXACT)
     rejection = decision.rejection
@@ -103,7 +105,7 @@ def test_interactive_deadline_reject_retry_after_worked_by_hand() -> None:
 
 
 def test_request_deadline_replaces_the_ttft_target() -> None:
-    ahead = QueueState(depth=20, queued_tokens=2300, queue_limit=64, queued_prompt_tokens=200)
+    ahead = QueueState(depth=20, queued_tokens=23_200, queue_limit=64, queued_prompt_tokens=21_200)
     shape = RequestShape(INTERACTIVE, prompt_tokens=500, max_tokens=50, deadline_s=30.0)
     decision = decide_admission(shape, LIMITS, queues(interactive=ahead), RATES, EXACT)
     assert decision.accepted
@@ -144,6 +146,77 @@ def test_interactive_start_ignores_the_bulk_queue() -> None:
     decision = decide_admission(shape, LIMITS, queues(bulk=huge_bulk), RATES, EXACT)
     assert decision.accepted
     assert decision.predicted_start_s == 0.0
+
+
+def test_interactive_counts_one_bulk_chunk_when_bulk_work_exists() -> None:
+    # The step in flight may carry a 128-token bulk chunk: 128 / 1000 = 0.128 s, whatever the
+    # size of the backlog behind it. TTFT = 0.128 + 100 / 1000 = 0.228 s.
+    rates = dataclasses.replace(RATES, bulk_step_tokens=128)
+    shape = RequestShape(INTERACTIVE, prompt_tokens=100, max_tokens=10)
+    for depth in (1, 48, 9_999):
+        backlog = QueueState(depth, depth * 1_000, 10_000, depth * 900)
+        decision = decide_admission(shape, LIMITS, queues(bulk=backlog), rates, EXACT)
+        assert decision.accepted
+        assert decision.predicted_start_s == pytest.approx(0.128)
+        assert decision.predicted_ttft_s == pytest.approx(0.228)
+    # No bulk queued or running: no chunk to wait for.
+    idle = dataclasses.replace(rates, running_bulk_seqs=0)
+    decision = decide_admission(shape, LIMITS, EMPTY, idle, EXACT)
+    assert decision.predicted_start_s == 0.0
+
+
+def test_the_issue_backlog_no_longer_refuses_chats() -> None:
+    # Rates as a mixed phase measures them (prefill charged whole bulk-chunk steps; the decode
+    # rate low because every decode step also carries a bulk chunk), 28 bulk and 6 chats
+    # running, 48 bulk jobs queued, one chat (180 prompt + 32 output tokens) admitted just ahead.
+    # Counted before: 180 / 400 + 32 / 20 + 200 / 400 = 2.55 s -> refused at the 2 s target.
+    # Counted now: (128 (one chunk) + 180 + 200) / 400 = 1.27 s; x 1.25 = 1.59 s: admitted.
+    rates = EngineRates(400.0, 20.0, 6, 28, measured=True, bulk_step_tokens=128)
+    chat_ahead = QueueState(1, 212, 64, queued_prompt_tokens=180)
+    backlog = QueueState(48, 48 * 1_300, 10_000, queued_prompt_tokens=48 * 1_172)
+    shape = RequestShape(INTERACTIVE, prompt_tokens=200, max_tokens=32)
+    decision = decide_admission(
+        shape, LIMITS, queues(chat_ahead, backlog), rates, AdmissionConfig()
+    )
+    assert decision.accepted
+    assert decision.predicted_ttft_s == pytest.approx((128 + 180 + 200) / 400)
+
+
+def test_interactive_waits_for_a_slot_only_when_interactive_fills_them() -> None:
+    # 4 interactive slots, 3 chats running, 1 queued (100 prompt + 400 output tokens): every
+    # slot is taken, so the 400 output tokens ahead drain 4 at a time, one per 0.05 s step:
+    # 400 / 4 x 0.05 = 5 s, plus 100 / 1000 of prefill ahead = 5.1 s -> refused at 2 s.
+    rates = dataclasses.replace(
+        RATES, running_interactive_seqs=3, interactive_slots=4, recent_step_s=0.05
+    )
+    ahead = QueueState(1, 500, 64, queued_prompt_tokens=100)
+    shape = RequestShape(INTERACTIVE, prompt_tokens=100, max_tokens=10)
+    decision = decide_admission(shape, LIMITS, queues(interactive=ahead), rates, EXACT)
+    assert decision.predicted_start_s == pytest.approx(5.1)
+    assert decision.rejection is not None
+    assert decision.rejection.code == "deadline_unmeetable"
+    # A free slot: only the prefill ahead counts.
+    free = dataclasses.replace(rates, running_interactive_seqs=2)
+    decision = decide_admission(shape, LIMITS, queues(interactive=ahead), free, EXACT)
+    assert decision.accepted
+    assert decision.predicted_start_s == pytest.approx(0.1)
+
+
+def test_interactive_counts_prompts_waiting_in_the_engine() -> None:
+    # 300 prompt tokens claimed into the engine but not yet scheduled: 0.3 s ahead.
+    rates = dataclasses.replace(RATES, waiting_interactive_prompt_tokens=300)
+    shape = RequestShape(INTERACTIVE, prompt_tokens=100, max_tokens=10)
+    decision = decide_admission(shape, LIMITS, EMPTY, rates, EXACT)
+    assert decision.predicted_start_s == pytest.approx(0.3)
+    assert decision.predicted_ttft_s == pytest.approx(0.4)
+
+
+def test_interactive_queue_output_tokens_do_not_delay_the_first_token() -> None:
+    # 2000 output tokens queued ahead, no slot bound: they decode beside this prefill.
+    ahead = QueueState(depth=2, queued_tokens=2100, queue_limit=64, queued_prompt_tokens=100)
+    shape = RequestShape(INTERACTIVE, prompt_tokens=100, max_tokens=10)
+    decision = decide_admission(shape, LIMITS, queues(interactive=ahead), RATES, EXACT)
+    assert decision.predicted_start_s == pytest.approx(0.1)
 
 
 def test_deadline_missed_on_an_idle_queue_still_says_retry_in_one_second() -> None:
@@ -249,6 +322,10 @@ def test_missing_entries_are_a_caller_bug() -> None:
         lambda: EngineRates(0.0, 1.0, 0, 0, measured=True),
         lambda: EngineRates(1.0, float("inf"), 0, 0, measured=True),
         lambda: EngineRates(1.0, 1.0, -1, 0, measured=True),
+        lambda: EngineRates(1.0, 1.0, 0, 0, measured=True, bulk_step_tokens=-1),
+        lambda: EngineRates(1.0, 1.0, 0, 0, measured=True, interactive_slots=-1),
+        lambda: EngineRates(1.0, 1.0, 0, 0, measured=True, waiting_interactive_prompt_tokens=-1),
+        lambda: EngineRates(1.0, 1.0, 0, 0, measured=True, recent_step_s=0.0),
         lambda: AdmissionConfig(safety_factor=0.9),
         lambda: AdmissionConfig(interactive_ttft_target_s=0.0),
         lambda: Rejection(429, "rate_limit_error", "queue_full", "full", None, None),

@@ -5,6 +5,9 @@ The hand-worked cases and their reference engine live in ``test_policies_admissi
 
 from __future__ import annotations
 
+import math
+from dataclasses import replace
+
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -44,12 +47,24 @@ rates_st = st.builds(
     running_interactive_seqs=st.integers(min_value=0, max_value=64),
     running_bulk_seqs=st.integers(min_value=0, max_value=64),
     measured=st.booleans(),
+    bulk_step_tokens=st.integers(min_value=0, max_value=2048),
+    interactive_slots=st.integers(min_value=0, max_value=64),
+    waiting_interactive_prompt_tokens=st.integers(min_value=0, max_value=20_000),
+    recent_step_s=st.one_of(st.none(), st.floats(min_value=1e-4, max_value=10.0)),
 )
 shapes_st = st.builds(
     RequestShape,
     request_class=st.sampled_from(list(RequestClass)),
     prompt_tokens=st.integers(min_value=1, max_value=8192),
     max_tokens=st.integers(min_value=1, max_value=4096),
+    deadline_s=st.one_of(st.none(), st.floats(min_value=0.01, max_value=1e5)),
+)
+# Interactive requests within the interactive length limits (so only timing can refuse them).
+chat_shapes_st = st.builds(
+    RequestShape,
+    request_class=st.just(INTERACTIVE),
+    prompt_tokens=st.integers(min_value=1, max_value=4096),
+    max_tokens=st.integers(min_value=1, max_value=1024),
     deadline_s=st.one_of(st.none(), st.floats(min_value=0.01, max_value=1e5)),
 )
 configs_st = st.builds(
@@ -115,28 +130,119 @@ def test_every_decision_is_consistent(
 
 
 @given(
-    queued_output_tokens=st.integers(min_value=0, max_value=500_000),
+    queued_prompt_tokens=st.integers(min_value=0, max_value=500_000),
     shape=shapes_st.filter(lambda s: s.request_class is INTERACTIVE),
     rates=rates_st,
     cfg=configs_st,
 )
 def test_retry_after_is_long_enough_for_the_queue_to_drain(
-    queued_output_tokens: int, shape: RequestShape, rates: EngineRates, cfg: AdmissionConfig
+    queued_prompt_tokens: int, shape: RequestShape, rates: EngineRates, cfg: AdmissionConfig
 ) -> None:
-    ahead = QueueState(depth=1, queued_tokens=queued_output_tokens, queue_limit=64)
+    # One queued chat, no slot bound: what it holds ahead is its prompt, drained at prefill.
+    rates = replace(rates, interactive_slots=0)
+    ahead = QueueState(1, queued_prompt_tokens, 64, queued_prompt_tokens)
     decision = decide_admission(shape, LIMITS, queues(interactive=ahead), rates, cfg)
     rejection = decision.rejection
     if rejection is None or rejection.code != "deadline_unmeetable":
         return
     assert rejection.retry_after_s is not None
     # Real time runs safety_factor times slower than predicted: in retry_after_s seconds the
-    # engine drains retry_after_s / safety_factor predicted seconds of the output tokens ahead.
+    # engine drains retry_after_s / safety_factor predicted seconds of the prompt tokens ahead.
     # (+2 tokens: a margin of at least one token, so float rounding cannot decide the test.)
     drained_s = rejection.retry_after_s / cfg.safety_factor
-    drained_tokens = int(drained_s * rates.decode_tokens_per_s) + 2
-    later = QueueState(0, max(0, queued_output_tokens - drained_tokens), 64)
+    drained_tokens = int(drained_s * rates.prefill_tokens_per_s) + 2
+    left_tokens = max(0, queued_prompt_tokens - drained_tokens)
+    later = QueueState(0, left_tokens, 64, left_tokens)
     retry = decide_admission(shape, LIMITS, queues(interactive=later), rates, cfg)
     own_ttft_s = retry.predicted_ttft_s - retry.predicted_start_s
-    if own_ttft_s * cfg.safety_factor <= retry.deadline_s * (1 - 1e-9):
+    fixed_s = retry.predicted_start_s if later.queued_tokens == 0 else 0.0
+    if (own_ttft_s + fixed_s) * cfg.safety_factor <= retry.deadline_s * (1 - 1e-9):
         # Feasible on an empty queue, so it is feasible once the queue has drained enough.
         assert retry.accepted
+
+
+@given(
+    prompt_tokens=st.integers(min_value=1, max_value=4096),
+    bulk_step_tokens=st.integers(min_value=0, max_value=2048),
+    headroom=st.floats(min_value=1.0001, max_value=1e3),
+    bulk=queue_states(10_000),
+    running_bulk_seqs=st.integers(min_value=0, max_value=64),
+    decode_tokens_per_s=st.floats(min_value=0.01, max_value=1e5),
+    cfg=configs_st,
+)
+def test_a_chat_over_any_bulk_backlog_with_idle_interactive_is_admitted(
+    prompt_tokens: int,
+    bulk_step_tokens: int,
+    headroom: float,
+    bulk: QueueState,
+    running_bulk_seqs: int,
+    decode_tokens_per_s: float,
+    cfg: AdmissionConfig,
+) -> None:
+    # A prefill rate at which one bulk chunk plus the chat's own prompt fits the TTFT target
+    # (with the safety factor): whatever the bulk work queued or running, and however slowly
+    # it decodes, the chat overtakes it and is admitted.
+    work_tokens = bulk_step_tokens + prompt_tokens
+    prefill = work_tokens * cfg.safety_factor / cfg.interactive_ttft_target_s * headroom
+    rates = EngineRates(
+        prefill, decode_tokens_per_s, 0, running_bulk_seqs, True, bulk_step_tokens=bulk_step_tokens
+    )
+    shape = RequestShape(INTERACTIVE, prompt_tokens, 16)
+    decision = decide_admission(shape, LIMITS, queues(bulk=bulk), rates, cfg)
+    assert decision.accepted
+    empty_bulk = decide_admission(shape, LIMITS, queues(), replace(rates, running_bulk_seqs=0), cfg)
+    assert decision.predicted_ttft_s <= empty_bulk.predicted_ttft_s + bulk_step_tokens / prefill
+
+
+@given(
+    shape=chat_shapes_st,
+    rates=rates_st,
+    cfg=configs_st,
+    excess=st.floats(min_value=1.0001, max_value=100.0),
+    depth=st.integers(min_value=1, max_value=63),
+)
+def test_a_chat_behind_an_interactive_queue_that_cannot_finish_in_time_is_refused(
+    shape: RequestShape, rates: EngineRates, cfg: AdmissionConfig, excess: float, depth: int
+) -> None:
+    # The prompts queued ahead alone take longer than the deadline at the prefill rate: no
+    # engine can serve this chat in time, so it is refused.
+    deadline_s = shape.deadline_s if shape.deadline_s is not None else cfg.interactive_ttft_target_s
+    prompt_ahead = math.ceil(deadline_s * rates.prefill_tokens_per_s * excess)
+    ahead = QueueState(depth, prompt_ahead + depth, 64, queued_prompt_tokens=prompt_ahead)
+    decision = decide_admission(shape, LIMITS, queues(interactive=ahead), rates, cfg)
+    assert decision.rejection is not None
+    assert decision.rejection.code == "deadline_unmeetable"
+
+
+@given(
+    shape=shapes_st.filter(lambda s: s.request_class is INTERACTIVE),
+    interactive=queue_states(64),
+    bulk=queue_states(10_000),
+    rates=rates_st,
+    cfg=configs_st,
+    more_depth=st.integers(min_value=0, max_value=10),
+    more_prompt_tokens=st.integers(min_value=0, max_value=50_000),
+    more_output_tokens=st.integers(min_value=0, max_value=50_000),
+)
+def test_interactive_prediction_is_monotone_in_the_interactive_queue(
+    shape: RequestShape,
+    interactive: QueueState,
+    bulk: QueueState,
+    rates: EngineRates,
+    cfg: AdmissionConfig,
+    more_depth: int,
+    more_prompt_tokens: int,
+    more_output_tokens: int,
+) -> None:
+    longer = QueueState(
+        interactive.depth + more_depth,
+        interactive.queued_tokens + more_prompt_tokens + more_output_tokens,
+        interactive.queue_limit,
+        interactive.queued_prompt_tokens + more_prompt_tokens,
+    )
+    before = decide_admission(shape, LIMITS, queues(interactive, bulk), rates, cfg)
+    after = decide_admission(shape, LIMITS, queues(longer, bulk), rates, cfg)
+    assert after.predicted_ttft_s >= before.predicted_ttft_s
+    if not before.accepted and before.rejection is not None:
+        if before.rejection.code == "deadline_unmeetable":
+            assert not after.accepted
