@@ -1,17 +1,27 @@
 """The embedded default when REDIS_URL is unset: a redis-server child process on a unix socket
 with AOF under the data folder, or, when no redis-server is installed, in-process fakeredis
-(neither durable nor shared across processes: it says so)."""
+(neither durable nor shared across processes: it says so).
+
+Ownership: the child dies with this process (PR_SET_PDEATHSIG), writes a pidfile, and a start
+that finds a live redis-server on the same data folder refuses with a clear message rather than
+start a second server on the same AOF (adopting one would mean serving from a server whose
+settings and owner we do not know).
+"""
 
 from __future__ import annotations
 
 import asyncio
+import os
 import shutil
+import socket
 import subprocess
 from collections.abc import Callable
 from pathlib import Path
 
 import redis.asyncio as aioredis
 import structlog
+
+from engine.core.parent_death import die_with_parent_preexec
 
 log = structlog.get_logger("mixgate.redis")
 
@@ -21,6 +31,7 @@ class EmbeddedRedis:
         # Absolute: redis-server changes into --dir before it opens the log file.
         self.data_dir = (data_dir / "redis").resolve()
         self.socket_path = self.data_dir / "redis.sock"
+        self.pidfile = self.data_dir / "redis.pid"
         self._process: subprocess.Popen[bytes] | None = None
 
     async def start(
@@ -30,7 +41,9 @@ class EmbeddedRedis:
         if binary is None:
             return self._fake()
         self.data_dir.mkdir(parents=True, exist_ok=True)
+        self._refuse_if_running()
         self.socket_path.unlink(missing_ok=True)
+        self.pidfile.unlink(missing_ok=True)
         # NOTE: appendfsync always: Redis 7.0 has no WAITAOF, and a bulk job is accepted only
         # once durable; `everysec` could lose the last second of accepted jobs on a crash.
         self._process = subprocess.Popen(
@@ -52,9 +65,14 @@ class EmbeddedRedis:
                 "always",
                 "--logfile",
                 str(self.data_dir / "redis.log"),
+                "--pidfile",
+                str(self.pidfile),
             ],
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
+            # NOTE: start() runs on the event-loop thread, which lives as long as the process:
+            # the parent-death signal fires when the forking *thread* exits.
+            preexec_fn=die_with_parent_preexec(os.getpid()),
         )
         if pool_for is not None:
             client = aioredis.Redis(connection_pool=pool_for(str(self.socket_path)))
@@ -70,6 +88,21 @@ class EmbeddedRedis:
             except (ConnectionError, OSError, aioredis.ConnectionError):
                 await asyncio.sleep(0.01)
         raise RuntimeError("embedded redis-server did not answer within 5 s")
+
+    def _refuse_if_running(self) -> None:
+        """Raise if a redis-server already serves this data folder (never two on one AOF)."""
+        pid = _read_pid(self.pidfile)
+        if pid is not None and _is_redis_server(pid):
+            raise EmbeddedRedisRunningError(
+                f"a redis-server (pid {pid}) is already running on {self.data_dir}: another "
+                "`mixgate serve` uses this data folder, or one was killed and left it behind; "
+                "stop it (or use another --data-dir, or set REDIS_URL to share it) and retry"
+            )
+        if _answers_ping(self.socket_path):
+            raise EmbeddedRedisRunningError(
+                f"a redis-server already answers on {self.socket_path}: another `mixgate "
+                "serve` uses this data folder; stop it (or use another --data-dir) and retry"
+            )
 
     def _fake(self) -> aioredis.Redis:
         import fakeredis
@@ -90,4 +123,38 @@ class EmbeddedRedis:
             await asyncio.to_thread(self._process.wait, 10)
         except subprocess.TimeoutExpired:
             self._process.kill()
+            await asyncio.to_thread(self._process.wait)
         self._process = None
+        self.pidfile.unlink(missing_ok=True)
+
+
+class EmbeddedRedisRunningError(RuntimeError):
+    """A live redis-server already owns the data folder's socket and AOF."""
+
+
+def _read_pid(pidfile: Path) -> int | None:
+    try:
+        return int(pidfile.read_text().strip())
+    except (OSError, ValueError):
+        return None
+
+
+def _is_redis_server(pid: int) -> bool:
+    try:
+        comm = Path(f"/proc/{pid}/comm").read_text().strip()
+    except OSError:
+        return False
+    return comm.startswith("redis-server") or comm.startswith("redis-check")
+
+
+def _answers_ping(socket_path: Path) -> bool:
+    if not socket_path.exists():
+        return False
+    try:
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
+            sock.settimeout(0.5)
+            sock.connect(str(socket_path))
+            sock.sendall(b"PING\r\n")
+            return sock.recv(16).startswith(b"+PONG")
+    except OSError:
+        return False

@@ -10,7 +10,6 @@ import structlog
 
 from engine.async_engine import AsyncEngine
 from engine.config import EngineConfig
-from engine.llm_engine import LLMEngine
 from engine.request import GenerationRequest
 from engine.sampling_params import SamplingParams
 from gateway.settings import Settings
@@ -68,19 +67,44 @@ async def _start_vllm(model_dir: Path, config: EngineConfig) -> AsyncEngine:
     return cast(AsyncEngine, vllm_engine)
 
 
+async def _start_in_thread(model_dir: Path, config: EngineConfig) -> AsyncEngine:
+    """The step loop on a thread of this interpreter (tests and the simulator use it)."""
+    # NOTE: imported here: LLMEngine pulls in torch, which the gateway's process does not
+    # need when the engine runs in its own process.
+    from engine.llm_engine import LLMEngine
+
+    async_engine = AsyncEngine(await asyncio.to_thread(LLMEngine, model_dir, config))
+    await async_engine.start()
+    return async_engine
+
+
+async def _start_process(model_dir: Path, config: EngineConfig) -> AsyncEngine:
+    """The step loop in an engine core child process that this process owns."""
+    from engine.core.client import EngineCoreClient
+
+    client = EngineCoreClient(model_dir, config)
+    # NOTE: started from the event-loop thread (this coroutine), never from a worker thread:
+    # the child's parent-death signal fires when the thread that forked it exits.
+    await client.start()
+    # NOTE: duck-typed like the vLLM backend: EngineCoreClient offers AsyncEngine's interface
+    # (tests/test_engine_process.py runs the gateway on it).
+    return cast(AsyncEngine, client)
+
+
 async def start_engine(
-    model_dir: Path, config: EngineConfig, *, backend: str = "native"
+    model_dir: Path, config: EngineConfig, *, backend: str = "native", in_process: bool = False
 ) -> AsyncEngine:
-    """Load the model off the event loop, start the step thread, and warm up.
+    """Start the engine (its own process, unless `in_process` or vLLM's), and warm up.
 
     Warm-up runs a few requests through the engine so that its prefill and decode rates are
     measured before admission has to predict waits from them.
     """
     if backend == "vllm":
         async_engine = await _start_vllm(model_dir, config)
+    elif in_process:
+        async_engine = await _start_in_thread(model_dir, config)
     else:
-        async_engine = AsyncEngine(await asyncio.to_thread(LLMEngine, model_dir, config))
-        await async_engine.start()
+        async_engine = await _start_process(model_dir, config)
     engine = async_engine.engine
     prompt = tuple(range(1, 1 + min(64, engine.max_model_len // 4)))
     sampling = SamplingParams(max_tokens=8, temperature=0.0, ignore_eos=True, detokenize=False)

@@ -74,6 +74,9 @@ class Settings:
     policy: str = "mixgate"
     # "native" (mixgate's engine) | "vllm" (vLLM's async engine in-process; the vllm extra).
     engine: str = "native"
+    # The native engine's step loop in a child process of its own (off this interpreter's GIL);
+    # false runs it on a thread here (tests, the simulator). The vLLM engine has its own.
+    engine_process: bool = True
     # Classes this replica claims from the queues (comma-separated). Every replica admits and
     # streams any class; e.g. "bulk" keeps interactive work on the other replicas.
     claim_classes: str = "interactive,bulk"
@@ -194,7 +197,7 @@ def _parse(name: str, raw: str) -> Any:
             return int(raw)
         if name in _FLOATS:
             return float(raw)
-        if name == "log_json":
+        if name in ("log_json", "engine_process"):
             return raw.lower() in ("1", "true", "yes", "on")
     except ValueError as error:
         raise ValueError(f"{ENV_PREFIX}{name.upper()}={raw!r}: {error}") from error

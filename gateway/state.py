@@ -48,6 +48,8 @@ class GatewayState:
     draining: bool = False
     # Why the engine could not start (the service then stays unready and says so).
     startup_error: str | None = None
+    # Why a started engine stopped running (its process died), for /readyz.
+    engine_death: str | None = None
     # Bounds the job submissions in intake at once (settings.job_intake_concurrency).
     job_intake: asyncio.Semaphore = field(init=False)
 
@@ -60,6 +62,9 @@ class GatewayState:
             reasons.append(f"engine failed to start: {self.startup_error}")
         elif not self.engine_ready:
             reasons.append("engine warming up")
+        elif self.engine is not None and not self.engine.is_running:
+            # The engine (process) died: nothing here can run work until a restart.
+            reasons.append(f"engine stopped: {self.engine_death or 'not running'}")
         if not self.redis_ok:
             reasons.append("redis unreachable")
         if self.draining:
