@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
@@ -189,7 +189,10 @@ async def _bring_up(state: GatewayState) -> None:
         if settings.model_name is None:
             state.model_name = model_dir.name
         state.engine = await start_engine(
-            model_dir, engine_config(state.envelope, settings), backend=settings.engine
+            model_dir,
+            engine_config(state.envelope, settings),
+            backend=settings.engine,
+            in_process=not settings.engine_process,
         )
         state.tokenizer = state.engine.engine.tokenizer
     except Exception as error:  # noqa: BLE001 - reported by /readyz and the log
@@ -217,6 +220,32 @@ async def _bring_up(state: GatewayState) -> None:
     await state.dispatcher.start()
     state.engine_ready = True
     log.info("ready", model=state.model_name, replica=settings.replica_id)
+    wait_dead = getattr(state.engine, "wait_dead", None)
+    if wait_dead is not None:
+        await _on_engine_death(state, wait_dead)
+
+
+async def _on_engine_death(state: GatewayState, wait_dead: Callable[[], Awaitable[None]]) -> None:
+    """When the engine process dies: not ready at once, local jobs back to the lease path.
+
+    NOTE: /readyz turns 503 by itself (the engine's is_running is False the moment the child
+    exits); here the dispatcher stops claiming and hands its leases back, and a reclaim sweep
+    requeues them at once (a chat that already streamed tokens ends with an error event, by
+    reclaim's rule), so every job completes exactly once, after a restart or elsewhere.
+    """
+    await wait_dead()
+    if state.draining or state.engine is None:
+        return  # stopped on purpose
+    state.engine_death = getattr(state.engine, "death_reason", None)
+    log.error("engine_died_replica_not_ready", reason=state.engine_death)
+    dispatcher, state.dispatcher = state.dispatcher, None
+    if dispatcher is None:
+        return
+    try:
+        await dispatcher.stop(0.0)
+        await dispatcher.reclaim_lapsed()
+    except Exception:  # noqa: BLE001 - leases left behind lapse; any replica reclaims them
+        log.warning("engine_death_hand_back_failed", exc_info=True)
 
 
 def _claim_slots(envelope: Envelope, settings: Settings) -> dict[RequestClass, int]:
