@@ -115,6 +115,7 @@ class BlockManager:
             if self.ref_counts[block] == 0:
                 self._free[block] = None
         seq.block_table.clear()
+        seq.block_table_epoch += 1
         seq.block_hashes.clear()
         seq.num_computed_tokens = 0
 

@@ -15,7 +15,7 @@ from torch import nn
 from engine.attention import AttentionBackend
 from engine.model_config import ModelConfig
 from engine.moe import SparseMoeBlock
-from engine.rotary import RotaryEmbedding
+from engine.rotary import RotaryEmbedding, RotaryTables
 
 
 class RMSNorm(nn.Module):
@@ -33,7 +33,7 @@ class RMSNorm(nn.Module):
 
 
 class Attention(nn.Module):
-    def __init__(self, config: ModelConfig, layer: int, rotary: RotaryEmbedding):
+    def __init__(self, config: ModelConfig, layer: int):
         super().__init__()
         self.layer = layer
         self.num_heads = config.num_attention_heads
@@ -44,16 +44,13 @@ class Attention(nn.Module):
         self.split_sizes = [q_size, kv_size, kv_size]
         self.qkv_proj = nn.Linear(config.hidden_size, q_size + 2 * kv_size, bias=config.qkv_bias)
         self.o_proj = nn.Linear(q_size, config.hidden_size, bias=config.o_proj_bias)
-        self.rotary = rotary
 
-    def forward(
-        self, positions: torch.Tensor, x: torch.Tensor, attn: AttentionBackend
-    ) -> torch.Tensor:
+    def forward(self, rope: RotaryTables, x: torch.Tensor, attn: AttentionBackend) -> torch.Tensor:
         q, k, v = self.qkv_proj(x).split(self.split_sizes, dim=-1)
         q = q.view(-1, self.num_heads, self.head_dim)
         k = k.view(-1, self.num_kv_heads, self.head_dim)
         v = v.view(-1, self.num_kv_heads, self.head_dim)
-        q, k = self.rotary(positions, q, k)
+        q, k = rope.apply(q, k)
         out = attn.attend(self.layer, q, k, v)
         projected: torch.Tensor = self.o_proj(out.reshape(-1, self.num_heads * self.head_dim))
         return projected
@@ -73,17 +70,15 @@ class MLP(nn.Module):
 
 
 class DecoderLayer(nn.Module):
-    def __init__(self, config: ModelConfig, layer: int, rotary: RotaryEmbedding):
+    def __init__(self, config: ModelConfig, layer: int):
         super().__init__()
         self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
-        self.self_attn = Attention(config, layer, rotary)
+        self.self_attn = Attention(config, layer)
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.mlp: MLP | SparseMoeBlock = SparseMoeBlock(config) if config.is_moe else MLP(config)
 
-    def forward(
-        self, positions: torch.Tensor, x: torch.Tensor, attn: AttentionBackend
-    ) -> torch.Tensor:
-        x = x + self.self_attn(positions, self.input_layernorm(x), attn)
+    def forward(self, rope: RotaryTables, x: torch.Tensor, attn: AttentionBackend) -> torch.Tensor:
+        x = x + self.self_attn(rope, self.input_layernorm(x), attn)
         out: torch.Tensor = x + self.mlp(self.post_attention_layernorm(x))
         return out
 
@@ -92,7 +87,7 @@ class LlamaModel(nn.Module):
     def __init__(self, config: ModelConfig):
         super().__init__()
         self.config = config
-        rotary = RotaryEmbedding(
+        self.rotary = RotaryEmbedding(
             config.head_dim,
             config.max_position_embeddings,
             config.rope_theta,
@@ -100,7 +95,7 @@ class LlamaModel(nn.Module):
         )
         self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
         self.layers = nn.ModuleList(
-            DecoderLayer(config, i, rotary) for i in range(config.num_hidden_layers)
+            DecoderLayer(config, i) for i in range(config.num_hidden_layers)
         )
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
@@ -112,8 +107,9 @@ class LlamaModel(nn.Module):
     ) -> torch.Tensor:
         """input_ids, positions: [T] -> final hidden states [T, hidden] (before lm_head)."""
         x = self.embed_tokens(input_ids)
+        rope = self.rotary.tables(positions, x.dtype)
         for layer in self.layers:
-            x = layer(positions, x, attn)
+            x = layer(rope, x, attn)
         hidden: torch.Tensor = self.norm(x)
         return hidden
 

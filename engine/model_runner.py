@@ -15,6 +15,7 @@ from engine.model import LlamaModel
 from engine.model_config import ModelConfig
 from engine.sampler import Sampler
 from engine.scheduler_output import ScheduledChunk, SchedulerOutput
+from engine.step_inputs import StepInputBuilder, StepInputs
 
 
 def kv_block_bytes(config: ModelConfig, block_size: int, dtype: torch.dtype) -> int:
@@ -57,6 +58,7 @@ class ModelRunner:
         )
         self.sampler = Sampler(device, seed)
         self.gather_buffers = GatherBuffers()
+        self.inputs = StepInputBuilder(block_size, device)
 
     @torch.inference_mode()
     def execute(self, output: SchedulerOutput) -> dict[str, int]:
@@ -64,81 +66,51 @@ class ModelRunner:
         # Single-token chunks first, shortest context first: the attention backend batches
         # them by similar length.
         chunks = sorted(output.chunks, key=lambda c: (c.num_tokens != 1, c.end_pos))
-        input_ids, positions, slots = self._flatten(chunks)
-        meta = self._metadata(chunks, slots)
+        inputs = self.inputs.build(chunks)
+        meta = self._metadata(chunks, inputs)
         attention = PagedAttention(self.kv_cache, meta, self.gather_buffers)
-        hidden = self.model(input_ids, positions, attention)
-        sample_rows, sampling = [], []
-        row = 0
-        for chunk in chunks:
-            row += chunk.num_tokens
-            if chunk.samples:
-                sample_rows.append(row - 1)
-                sampling.append(chunk)
+        hidden = self.model(inputs.input_ids, inputs.positions, attention)
+        sampling = inputs.sampling_chunks
         if not sampling:
             return {}
-        rows = torch.tensor(sample_rows, device=self.device)
-        logits = self.model.compute_logits(hidden.index_select(0, rows))
+        if inputs.sample_rows is not None:
+            hidden = hidden.index_select(0, inputs.sample_rows)
+        logits = self.model.compute_logits(hidden)
         ids = [c.seq.seq_id for c in sampling]
         tokens = self.sampler.sample(logits, ids, [c.seq.sampling for c in sampling])
         return dict(zip(ids, tokens, strict=True))
 
-    def _flatten(
-        self, chunks: list[ScheduledChunk]
-    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        ids: list[int] = []
-        positions: list[int] = []
-        slots: list[int] = []
+    def _metadata(self, chunks: list[ScheduledChunk], inputs: StepInputs) -> PagedAttentionMetadata:
+        num_singles = len(chunks) if inputs.all_single else sum(c.num_tokens == 1 for c in chunks)
         size = self.block_size
-        for chunk in chunks:
-            table = chunk.seq.block_table
-            ids.extend(chunk.seq.token_ids[chunk.start_pos : chunk.end_pos])
-            span = range(chunk.start_pos, chunk.end_pos)
-            positions.extend(span)
-            slots.extend(table[p // size] * size + p % size for p in span)
-        device = self.device
-        return (
-            torch.tensor(ids, dtype=torch.long, device=device),
-            torch.tensor(positions, dtype=torch.long, device=device),
-            torch.tensor(slots, dtype=torch.long, device=device),
-        )
-
-    def _metadata(
-        self, chunks: list[ScheduledChunk], slots: torch.Tensor
-    ) -> PagedAttentionMetadata:
-        singles = [c for c in chunks if c.num_tokens == 1]
+        table = self.inputs.block_tables.table
         groups = []
         start = 0
-        for group in _length_groups([self._blocks(c) for c in singles]):
-            members = singles[start : start + group]
-            groups.append(self._decode_group(members, start))
-            start += group
+        block_counts = [-(-c.end_pos // size) for c in chunks[:num_singles]]
+        for group in _length_groups(block_counts):
+            end = start + group
+            max_blocks = block_counts[end - 1]  # ascending context: the last is the longest
+            tables = table.index_select(0, inputs.rows[start:end])[:, :max_blocks]
+            key_pos = self.inputs.arange(max_blocks * size)
+            lengths = inputs.context_lens[start:end]
+            mask = (key_pos.unsqueeze(0) < lengths.unsqueeze(1)).view(group, 1, 1, -1)
+            groups.append(DecodeGroup(start, end, tables, mask))
+            start = end
         spans = []
-        for chunk in chunks[len(singles) :]:
-            table = torch.tensor(chunk.seq.block_table[: self._blocks(chunk)], device=self.device)
-            mask = None
+        for index in range(num_singles, len(chunks)):
+            chunk = chunks[index]
+            row = inputs.row_ids[index]
+            block_table = table[row, : -(-chunk.end_pos // size)]
+            span_mask: torch.Tensor | None = None
             if chunk.start_pos > 0:
-                query_pos = torch.arange(chunk.start_pos, chunk.end_pos, device=self.device)
-                key_pos = torch.arange(chunk.end_pos, device=self.device)
-                mask = key_pos.unsqueeze(0) <= query_pos.unsqueeze(1)
-            spans.append(PrefillSpan(start, start + chunk.num_tokens, chunk.end_pos, table, mask))
+                query_pos = inputs.positions[start : start + chunk.num_tokens]
+                key_pos = self.inputs.arange(chunk.end_pos)
+                span_mask = key_pos.unsqueeze(0) <= query_pos.unsqueeze(1)
+            spans.append(
+                PrefillSpan(start, start + chunk.num_tokens, chunk.end_pos, block_table, span_mask)
+            )
             start += chunk.num_tokens
-        return PagedAttentionMetadata(slots, tuple(groups), tuple(spans))
-
-    def _blocks(self, chunk: ScheduledChunk) -> int:
-        return -(-chunk.end_pos // self.block_size)
-
-    def _decode_group(self, members: list[ScheduledChunk], row_start: int) -> DecodeGroup:
-        max_blocks = max(self._blocks(c) for c in members)
-        padded = [
-            c.seq.block_table[:max_blocks] + [0] * (max_blocks - len(c.seq.block_table))
-            for c in members
-        ]
-        tables = torch.tensor(padded, dtype=torch.long, device=self.device)
-        key_pos = torch.arange(max_blocks * self.block_size, device=self.device)
-        lengths = torch.tensor([c.end_pos for c in members], device=self.device)
-        mask = (key_pos.unsqueeze(0) < lengths.unsqueeze(1)).view(len(members), 1, 1, -1)
-        return DecodeGroup(row_start, row_start + len(members), tables, mask)
+        return PagedAttentionMetadata(inputs.slot_mapping, tuple(groups), tuple(spans))
 
 
 def _length_groups(block_counts: list[int]) -> list[int]:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import math
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 
@@ -57,12 +57,20 @@ class RotaryEmbedding(torch.nn.Module):
         self.register_buffer("cos", table.cos(), persistent=False)
         self.register_buffer("sin", table.sin(), persistent=False)
 
-    def forward(
-        self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor
-    ) -> tuple[torch.Tensor, torch.Tensor]:
+    def tables(self, positions: torch.Tensor, dtype: torch.dtype) -> RotaryTables:
+        """cos/sin rows for a step's positions; computed once per step, shared by every layer."""
+        cos = self.cos[positions].unsqueeze(1).to(dtype)
+        sin = self.sin[positions].unsqueeze(1).to(dtype)
+        return RotaryTables(cos, sin)
+
+
+class RotaryTables(NamedTuple):
+    cos: torch.Tensor  # [T, 1, head_dim]
+    sin: torch.Tensor
+
+    def apply(self, q: torch.Tensor, k: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """q: [T, heads, head_dim], k: [T, kv_heads, head_dim] -> rotated copies."""
-        cos = self.cos[positions].unsqueeze(1).to(q.dtype)
-        sin = self.sin[positions].unsqueeze(1).to(q.dtype)
+        cos, sin = self.cos, self.sin
         return q * cos + _rotate_half(q) * sin, k * cos + _rotate_half(k) * sin
 
 

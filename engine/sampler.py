@@ -29,6 +29,9 @@ class Sampler:
         tokens = logits.argmax(dim=-1)
         random_rows = [i for i, p in enumerate(params) if not p.greedy]
         if random_rows:
+            if len(random_rows) == len(params):
+                chosen = self._sample_random(logits, request_ids, params)
+                return [int(t) for t in chosen.tolist()]
             rows = torch.tensor(random_rows, device=logits.device)
             chosen = self._sample_random(
                 logits.index_select(0, rows),
@@ -42,22 +45,37 @@ class Sampler:
         self, logits: torch.Tensor, request_ids: list[str], params: list[SamplingParams]
     ) -> torch.Tensor:
         device = logits.device
-        temperature = torch.tensor([p.temperature for p in params], device=device)
+        vocab = logits.shape[-1]
+        # One host tensor for every row's settings (one copy, not three).
+        settings = torch.tensor(
+            [[p.temperature, p.top_k if p.top_k > 0 else vocab, p.top_p] for p in params],
+            dtype=torch.float64,
+        ).to(device)
+        temperature = settings[:, 0].to(logits.dtype)
+        top_k, top_p = settings[:, 1].long(), settings[:, 2].to(logits.dtype)
         sorted_logits, sorted_ids = (logits / temperature.unsqueeze(1)).sort(
             dim=-1, descending=True
         )
-        vocab = logits.shape[-1]
         ranks = torch.arange(vocab, device=device).unsqueeze(0)
-        top_k = torch.tensor([p.top_k if p.top_k > 0 else vocab for p in params], device=device)
         sorted_logits = sorted_logits.masked_fill(ranks >= top_k.unsqueeze(1), float("-inf"))
         probs = sorted_logits.softmax(dim=-1)
-        top_p = torch.tensor([p.top_p for p in params], device=device)
         # Drop a token when the tokens before it already reach top_p (the first always stays).
         outside = (probs.cumsum(dim=-1) - probs) >= top_p.unsqueeze(1)
         probs = probs.masked_fill(outside, 0.0)
         noise = torch.empty_like(probs)
-        for row, (request_id, p) in enumerate(zip(request_ids, params, strict=True)):
-            noise[row].exponential_(generator=self._generator(request_id, p))
+        # Unseeded rows share one draw from the shared generator; a seeded row draws from its
+        # own generator (so a seed gives the same tokens whatever shares the batch).
+        unseeded = [row for row, p in enumerate(params) if p.seed is None]
+        if len(unseeded) == len(params):
+            noise.exponential_(generator=self._shared_generator)
+        else:
+            if unseeded:
+                shared = torch.empty(len(unseeded), vocab, dtype=probs.dtype, device=device)
+                shared.exponential_(generator=self._shared_generator)
+                noise[torch.tensor(unseeded, device=device)] = shared
+            for row, (request_id, p) in enumerate(zip(request_ids, params, strict=True)):
+                if p.seed is not None:
+                    noise[row].exponential_(generator=self._generator(request_id, p))
         choice = (probs / noise).argmax(dim=-1, keepdim=True)
         return sorted_ids.gather(1, choice).squeeze(1)
 

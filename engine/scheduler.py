@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import bisect
 import math
+from collections import Counter, deque
 from collections.abc import Iterator
 
 from engine.block_manager import BlockManager
@@ -50,8 +51,16 @@ class Scheduler:
         self.blocks = block_manager
         # Waiting sequences per class, kept sorted by admit order (FCFS; preempted ones
         # return to their place).
-        self.waiting: dict[RequestClass, list[Sequence]] = {INTERACTIVE: [], BULK: []}
+        self.waiting: dict[RequestClass, deque[Sequence]] = {INTERACTIVE: deque(), BULK: deque()}
         self.running: list[Sequence] = []
+        # Every unfinished sequence by id (abort without a scan), per-class counts by the
+        # sequence's own class, and waiting prompt tokens per queue, all kept as they change.
+        # NOTE: a waiting sequence's tokens do not change while it waits, so the sum stays
+        # exact by adding num_tokens on enqueue and subtracting it on dequeue.
+        self._by_id: dict[str, Sequence] = {}
+        self._running_count: Counter[RequestClass] = Counter()
+        self._waiting_count: Counter[RequestClass] = Counter()
+        self._waiting_tokens: Counter[RequestClass] = Counter()
         self._next_admit_order = 0
         self._step_index = 0
         self.policy = SchedulingPolicy(config.scheduling_policy)
@@ -66,26 +75,36 @@ class Scheduler:
         seq.admit_order = self._next_admit_order
         self._next_admit_order += 1
         seq.status = SequenceStatus.WAITING
+        self._by_id[seq.seq_id] = seq
         self.waiting[self.queue_of(seq)].append(seq)
+        self._counted_waiting(seq, 1)
 
     def abort(self, seq_id: str) -> Sequence | None:
-        for seq in self.running:
-            if seq.seq_id == seq_id:
-                self.finish(seq, "abort")
-                return seq
-        for queue in self.waiting.values():
-            for seq in queue:
-                if seq.seq_id == seq_id:
-                    queue.remove(seq)
-                    self._mark_finished(seq, "abort")
-                    return seq
-        return None
+        seq = self._by_id.get(seq_id)
+        if seq is None:
+            return None
+        if seq.status is SequenceStatus.RUNNING:
+            self.finish(seq, "abort")
+        else:
+            self.waiting[self.queue_of(seq)].remove(seq)
+            self._counted_waiting(seq, -1)
+            self._mark_finished(seq, "abort")
+        return seq
 
     def finish(self, seq: Sequence, reason: str) -> None:
-        self.running.remove(seq)
+        self._remove_running(seq)
         self._mark_finished(seq, reason)
 
+    def _counted_waiting(self, seq: Sequence, sign: int) -> None:
+        self._waiting_count[seq.request_class] += sign
+        self._waiting_tokens[self.queue_of(seq)] += sign * seq.num_tokens
+
+    def _remove_running(self, seq: Sequence) -> None:
+        self.running.remove(seq)
+        self._running_count[seq.request_class] -= 1
+
     def _mark_finished(self, seq: Sequence, reason: str) -> None:
+        self._by_id.pop(seq.seq_id, None)
         self.blocks.free(seq)
         seq.status = SequenceStatus.FINISHED
         seq.finish_reason = reason
@@ -94,10 +113,10 @@ class Scheduler:
         return bool(self.running or self.waiting[INTERACTIVE] or self.waiting[BULK])
 
     def num_running(self, request_class: RequestClass) -> int:
-        return sum(1 for s in self.running if s.request_class is request_class)
+        return self._running_count[request_class]
 
     def num_waiting(self, request_class: RequestClass) -> int:
-        return sum(1 for q in self.waiting.values() for s in q if s.request_class is request_class)
+        return self._waiting_count[request_class]
 
     # -- the step ----------------------------------------------------------------------------
 
@@ -181,9 +200,11 @@ class Scheduler:
             num = self._admit(queue[0], state, bulk_aged, tokens_left)
             if num == 0:
                 return
-            seq = queue.pop(0)
+            seq = queue.popleft()
+            self._counted_waiting(seq, -1)
             seq.status = SequenceStatus.RUNNING
             self.running.append(seq)
+            self._running_count[seq.request_class] += 1
             if seq.metrics.first_scheduled_s is None:
                 seq.metrics.first_scheduled_s = now_s
                 seq.metrics.num_cached_prompt_tokens = seq.num_computed_tokens
@@ -277,12 +298,13 @@ class Scheduler:
 
     def _preempt(self, seq: Sequence, state: _StepState, beneficiary: RequestClass) -> None:
         state.take_back(seq)
-        self.running.remove(seq)
+        self._remove_running(seq)
         self.blocks.free(seq)
         seq.status = SequenceStatus.WAITING
         seq.metrics.num_preemptions += 1
         queue = self.waiting[self.queue_of(seq)]
-        queue.insert(bisect.bisect([s.admit_order for s in queue], seq.admit_order), seq)
+        queue.insert(bisect.bisect(queue, seq.admit_order, key=lambda s: s.admit_order), seq)
+        self._counted_waiting(seq, 1)
         state.preemptions.append(Preemption(seq.seq_id, seq.request_class, beneficiary))
 
     # -- helpers -----------------------------------------------------------------------------
@@ -309,12 +331,13 @@ class Scheduler:
         if not self.policy.ages_bulk:
             return False
         pending = [s for s in self.running if s.request_class is BULK and not s.is_decoding]
-        pending += self.waiting[BULK]
-        return any(s.arrival_s <= threshold_s for s in pending)
+        return any(s.arrival_s <= threshold_s for s in pending) or any(
+            s.arrival_s <= threshold_s for s in self.waiting[BULK]
+        )
 
     def _bulk_prefill_demand_tokens(self) -> int:
         running = [s for s in self.running if self.queue_of(s) is BULK and not s.is_decoding]
-        return sum(s.num_uncomputed_tokens for s in running + self.waiting[BULK])
+        return sum(s.num_uncomputed_tokens for s in running) + self._waiting_tokens[BULK]
 
     def _check_step(self, output: SchedulerOutput) -> None:
         if output.num_scheduled_tokens > self.config.step_token_budget:

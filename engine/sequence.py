@@ -30,6 +30,9 @@ class Sequence:
     num_computed_tokens: int = 0
     # Physical KV block ids, in order; block i holds tokens [i*block_size, (i+1)*block_size).
     block_table: list[int] = field(default_factory=list)
+    # Bumped whenever block_table is cleared (blocks are otherwise only appended), so a
+    # persistent copy of the table (engine/step_inputs.py) knows to rewrite it.
+    block_table_epoch: int = 0
     # Content hashes of this sequence's full, computed blocks (prefix caching).
     block_hashes: list[bytes] = field(default_factory=list)
     status: SequenceStatus = SequenceStatus.WAITING

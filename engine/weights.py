@@ -14,7 +14,7 @@ from pathlib import Path
 import torch
 from safetensors import safe_open
 
-from engine.model import Attention, LlamaModel
+from engine.model import LlamaModel
 from engine.model_config import ModelConfig
 from engine.rotary import RotaryEmbedding
 
@@ -70,12 +70,9 @@ def load_model(
         model = LlamaModel(config)
     model = model.to_empty(device=device).to(dtype)
     # Rotary tables are buffers computed at init; meta init left them empty: rebuild them.
-    rotary = RotaryEmbedding(
+    model.rotary = RotaryEmbedding(
         config.head_dim, config.max_position_embeddings, config.rope_theta, config.rope_scaling
     ).to(device)
-    for module in model.modules():
-        if isinstance(module, Attention):
-            module.rotary = rotary
     if config.tie_word_embeddings:
         model.lm_head.weight = model.embed_tokens.weight
     params = dict(model.named_parameters())
