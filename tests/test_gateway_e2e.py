@@ -128,20 +128,39 @@ def kv_state(server: ServerProcess) -> tuple[float, float]:
     return usage, running
 
 
+def metric_value(server: ServerProcess, sample: str) -> float:
+    """One sample of /metrics, e.g. 'mixgate_jobs_finished_total{class="interactive",...}';
+    0 before the counter's first increment."""
+    for line in httpx.get(server.url + "/metrics").text.splitlines():
+        if line.startswith(sample + " "):
+            return float(line.split()[1])
+    return 0.0
+
+
+CHATS_CANCELLED = 'mixgate_jobs_finished_total{class="interactive",status="cancelled"}'
+
+
 def test_disconnect_mid_stream_frees_kv_blocks(server: ServerProcess) -> None:
     body = chat_body(
         model_name(server), max_tokens=600, temperature=0, stream=True, ignore_eos=True
     )
+    cancelled_before = metric_value(server, CHATS_CANCELLED)
     with httpx.stream("POST", server.url + "/v1/chat/completions", json=body) as response:
         lines = response.iter_lines()  # not a for-break: that would close the response
         frames = [next(lines) for _ in range(6)]
         assert frames[0].startswith("data: ")
         assert kv_state(server)[1] >= 1  # still running while the client holds the stream
         response.close()
-    left_s = time.monotonic()
-    while time.monotonic() - left_s < 1.0 and kv_state(server) != (0.0, 0.0):
+    # Wait on the event itself, bounded generously (a hang, not a speed, fails the test).
+    # The request must end *cancelled*: one run to its 600 tokens would free the blocks too.
+    deadline_s = time.monotonic() + 30.0
+    while (
+        kv_state(server) != (0.0, 0.0)
+        or metric_value(server, CHATS_CANCELLED) < cancelled_before + 1
+    ):
+        assert time.monotonic() < deadline_s, f"KV not freed / not cancelled: {kv_state(server)}"
         time.sleep(0.02)
-    assert kv_state(server) == (0.0, 0.0), "KV blocks were not freed within 1 s"
+    assert metric_value(server, CHATS_CANCELLED) == cancelled_before + 1
 
 
 def test_jobs_complete_exactly_once_while_chats_stream(
@@ -198,13 +217,13 @@ def test_cancel_running_and_queued_jobs(
     client = closer.enter_context(httpx.Client(base_url=server.url, timeout=30))
     long = {**chat_body(model, max_tokens=900, temperature=0), "ignore_eos": True}
     running = client.post("/v1/jobs", json=long).json()["id"]
-    deadline = time.monotonic() + 20
+    deadline = time.monotonic() + 60
     while client.get(f"/v1/jobs/{running}").json()["status"] != "running":
         assert time.monotonic() < deadline
         time.sleep(0.02)
     cancel = client.delete(f"/v1/jobs/{running}")
     assert cancel.status_code == 200 and cancel.json()["cancel"] == "cancelling"
-    assert wait_jobs(client, [running], 10)[running]["status"] == "cancelled"
+    assert wait_jobs(client, [running], 60)[running]["status"] == "cancelled"
     assert client.delete("/v1/jobs/job-does-not-exist").status_code == 404
 
 
@@ -246,7 +265,7 @@ def overload_envelope(tmp: Path) -> Path:
     return path
 
 
-def test_overload_rejects_fast_and_drops_nothing_accepted(
+def test_overload_rejects_at_admission_and_drops_nothing_accepted(
     tiny_model_dir: Path, redis_server: str, tmp_path: Path, closer: contextlib.ExitStack
 ) -> None:
     proc = new_server(
@@ -260,22 +279,24 @@ def test_overload_rejects_fast_and_drops_nothing_accepted(
         assert unmeetable.status_code == 429
         assert unmeetable.json()["error"]["code"] == "deadline_unmeetable"
         assert int(unmeetable.headers["retry-after"]) >= 1
-        accepted, rejected, reject_s = [], [], []
+        accepted, rejected = [], []
         for _ in range(10):
-            started = time.perf_counter()
             response = client.post("/v1/jobs", json=body)
             if response.status_code == 202:
                 accepted.append(response.json()["id"])
             else:
-                reject_s.append(time.perf_counter() - started)
                 rejected.append(response)
         assert rejected and accepted
         for response in rejected:
             assert response.status_code == 429
             assert int(response.headers["retry-after"]) >= 1
             assert response.json()["error"]["code"] == "queue_full"
-        # "Within milliseconds": generous for a shared CI machine; the median is what counts.
-        assert sorted(reject_s)[len(reject_s) // 2] < 0.5
+        # Refused at admission (queue_full, with Retry-After), not after waiting for a slot.
+        # How fast that answer comes is a benchmark's number (`mixgate bench gateway`), not a
+        # verdict: a wall-time bound here passed or failed with the CPU.
+        assert metric_value(
+            proc, 'mixgate_admission_rejections_total{class="bulk",code="queue_full"}'
+        ) == len(rejected)
         done = wait_jobs(client, accepted, 120)
         assert {b["status"] for b in done.values()} == {"completed"}
     finally:
