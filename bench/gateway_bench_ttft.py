@@ -61,32 +61,47 @@ def _one_chat_ttft_ms(client: httpx.Client, body: dict[str, Any]) -> float | Non
     return ttft
 
 
-def gateway_ttft_ms(model_dir: Path, redis_url: str, data_dir: Path, chats: int) -> list[float]:
-    """TTFT of each chat through a fresh `mixgate serve`; chats with no content are left out."""
+def chat_body(model: str, messages: list[dict[str, str]], max_tokens: int) -> dict[str, Any]:
+    return {
+        "model": model,
+        "messages": messages,
+        "max_tokens": max_tokens,
+        "temperature": 0,
+        "ignore_eos": True,
+        "stream": True,
+    }
+
+
+def start_bench_server(
+    model_dir: Path, redis_url: str, data_dir: Path, extra_env: dict[str, str] | None = None
+) -> ServerProcess:
+    """A fresh `mixgate serve` on its own key prefix, ready."""
     prefix = f"{{mg-bench-{uuid.uuid4().hex[:8]}}}:"
-    server = ServerProcess(
-        model_dir, redis_url, prefix, data_dir, extra_env={"MIXGATE_LOG_LEVEL": "warning"}
-    )
-    try:
-        server.start()
-        with httpx.Client(base_url=server.url, timeout=60.0) as client:
-            model = str(client.get("/v1/models").json()["data"][0]["id"])
-            out: list[float] = []
-            for index, messages in enumerate(prompts(WARMUP_CHATS) + prompts(chats)):
-                body = {
-                    "model": model,
-                    "messages": messages,
-                    "max_tokens": MAX_TOKENS,
-                    "temperature": 0,
-                    "ignore_eos": True,
-                    "stream": True,
-                }
-                ttft = _one_chat_ttft_ms(client, body)
-                if index >= WARMUP_CHATS and ttft is not None:
-                    out.append(ttft)
-            return out
-    finally:
-        server.stop()
+    env = {"MIXGATE_LOG_LEVEL": "warning", **(extra_env or {})}
+    return ServerProcess(model_dir, redis_url, prefix, data_dir, extra_env=env).start()
+
+
+def served_model(client: httpx.Client) -> str:
+    return str(client.get("/v1/models").json()["data"][0]["id"])
+
+
+def gateway_ttft_ms(server_url: str, chats: int) -> list[float]:
+    """TTFT of each chat through a running `mixgate serve`; chats with no content are left out."""
+    with httpx.Client(base_url=server_url, timeout=60.0) as client:
+        model = served_model(client)
+        out: list[float] = []
+        for index, messages in enumerate(prompts(WARMUP_CHATS) + prompts(chats)):
+            ttft = _one_chat_ttft_ms(client, chat_body(model, messages, MAX_TOKENS))
+            if index >= WARMUP_CHATS and ttft is not None:
+                out.append(ttft)
+        return out
+
+
+def streamed_chat(server_url: str, max_tokens: int) -> None:
+    """One streamed chat of `max_tokens` tokens, read to [DONE]."""
+    with httpx.Client(base_url=server_url, timeout=60.0) as client:
+        body = chat_body(served_model(client), prompts(1)[0], max_tokens)
+        _one_chat_ttft_ms(client, body)
 
 
 async def engine_ttft_ms(model_dir: Path, chats: int) -> list[float]:

@@ -135,12 +135,10 @@ def _add_bench(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
         help="matrix size for the bandwidth measurement (default: 2x the L3, at least 256)",
     )
     engine.set_defaults(handler=_bench_engine)
+    from bench.gateway_bench_args import add_gateway_bench_arguments
+
     gateway = kinds.add_parser("gateway", help="queue round trips; TTFT via gateway vs engine")
-    gateway.add_argument("--redis-url", default=None, help="default: a throwaway redis-server")
-    gateway.add_argument("--admissions", type=int, default=2000)
-    gateway.add_argument("--concurrency", type=int, default=32)
-    gateway.add_argument("--chats", type=int, default=200)
-    gateway.add_argument("--json", default=None, help="write results here")
+    add_gateway_bench_arguments(gateway)
     gateway.set_defaults(handler=_bench_gateway)
     compare = kinds.add_parser("compare", help="one workload under each policy, side by side")
     _add_live_run_arguments(compare)

@@ -24,10 +24,18 @@ def test_bench_gateway_writes_every_field(redis_server: str, tmp_path: Path) -> 
     out = tmp_path / "gateway.json"
     argv = ["bench", "gateway", "--redis-url", redis_server, "--admissions", "50"]
     argv += ["--concurrency", "8", "--chats", "5", "--json", str(out)]
+    argv += ["--submissions", "40", "--polls", "80", "--connections", "4"]
     assert main(argv) == 0
     result = json.loads(out.read_text())
     assert result["admissions_per_s"] > 0
     assert result["round_trips_per_s"] > 0
+    # Every submission accepted (202) and every poll answered (200): the rates count 2xx only.
+    assert result["http"]["submission_statuses"] == {"202": 40}
+    assert result["http"]["poll_statuses"] == {"200": 80}
+    assert result["job_submissions_per_s"] > 0
+    assert result["job_polls_per_s"] > 0
+    # A streamed chat costs Redis at least its admit, claim and completion.
+    assert result["redis_commands_per_chat"] >= 3
     for name in PERCENTILE_FIELDS:
         assert set(result[name]) == {"p50", "p99"}, name
         assert result[name]["p50"] > 0, name

@@ -1,0 +1,20 @@
+"""`mixgate bench gateway`'s flags (kept beside the bench so that adding one touches one file)."""
+
+from __future__ import annotations
+
+import argparse
+
+
+def add_gateway_bench_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--redis-url", default=None, help="default: a throwaway redis-server")
+    parser.add_argument("--admissions", type=int, default=2000)
+    parser.add_argument("--concurrency", type=int, default=32)
+    parser.add_argument("--chats", type=int, default=200)
+    parser.add_argument(
+        "--submissions", type=int, default=4000, help="jobs posted through HTTP, timed"
+    )
+    parser.add_argument("--polls", type=int, default=20000, help="job status polls, timed")
+    parser.add_argument(
+        "--connections", type=int, default=64, help="keep-alive connections for jobs and polls"
+    )
+    parser.add_argument("--json", default=None, help="write results here")
