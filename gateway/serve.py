@@ -90,6 +90,10 @@ def run_serve(args: argparse.Namespace) -> int:
         app,
         host=settings.host,
         port=settings.port,
+        # uvloop and httptools (uvicorn[standard]) instead of asyncio's loop and h11: the
+        # event loop shares its interpreter with the engine, so its per-request cost is chat's.
+        loop="uvloop",
+        http="httptools",
         log_config=None,
         access_log=False,  # RequestIdMiddleware logs one line per request, with its id
         timeout_graceful_shutdown=int(settings.drain_timeout_s) + 5,
