@@ -165,11 +165,24 @@ def render_report(
     return "\n".join(parts)
 
 
+def _goodput_bounds(rows: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+    """The per-class goodput bounds the rows were counted with ({} when none)."""
+    for row in rows:
+        goodput = row["summary"].get("goodput") or {}
+        bounds = {
+            name: block["bounds_s"] for name, block in goodput.items() if block.get("bounds_s")
+        }
+        if bounds:
+            return bounds
+    return {}
+
+
 def render_comparison(rows: Sequence[Mapping[str, Any]]) -> str:
     """Several policies side by side.
 
     Each row: ``{"policy": str, "summary": summarize(...), "ratios": headline_ratios(...) or
-    None}``. Gives one line per policy and class, then the headline ratios per policy.
+    None}``; the summary may carry ``"goodput"`` (``bench.summary.goodput``). Gives one line
+    per policy and class, then the headline ratios per policy.
     """
     header = [
         "policy",
@@ -181,10 +194,14 @@ def render_comparison(rows: Sequence[Mapping[str, Any]]) -> str:
         "output tokens/s",
         "rejection",
         "expiry",
+        "goodput (req/s)",
+        "good",
     ]
     lines = []
     for row in rows:
+        goodput = row["summary"].get("goodput") or {}
         for name, block in row["summary"].get("classes", {}).items():
+            good = goodput.get(name) or {}
             lines.append(
                 [
                     str(row["policy"]),
@@ -196,6 +213,8 @@ def render_comparison(rows: Sequence[Mapping[str, Any]]) -> str:
                     _num(block.get("output_tokens_per_s")),
                     _pct(block.get("rejection_rate")),
                     _pct(block.get("expiry_rate")),
+                    _num(good.get("goodput_per_s"), 2),
+                    _pct(good.get("good_fraction")),
                 ]
             )
     ratio_header = [
@@ -213,4 +232,12 @@ def render_comparison(rows: Sequence[Mapping[str, Any]]) -> str:
         ]
         for row in rows
     ]
-    return "\n\n".join([table(header, lines), "Headline ratios:", table(ratio_header, ratio_rows)])
+    parts = [table(header, lines)]
+    bounds = _goodput_bounds(rows)
+    if bounds:
+        parts.append(
+            "Goodput: requests per second whose own TTFT and mean ITL met the SLO's bounds "
+            f"(`{json.dumps(bounds, sort_keys=True)}`, seconds; a class without bounds counts "
+            "its completed requests); good: their share of the class's requests."
+        )
+    return "\n\n".join([*parts, "Headline ratios:", table(ratio_header, ratio_rows)])

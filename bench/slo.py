@@ -34,16 +34,20 @@ import math
 import tomllib
 from collections.abc import Mapping
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Final
 
 from policies.envelope_derive import Slo, SloTarget
 
-__all__ = ["SloSpec", "load_slo"]
+__all__ = ["SloSpec", "goodput_bounds", "load_slo", "read_slo"]
 
 _TOP_KEYS: Final = ("headroom", "max_rejection_rate", "target")
 _TARGET_KEYS: Final = ("class", "metric", "percentile", "max", "min", "workload")
 DEFAULT_HEADROOM: Final = 0.2
 DEFAULT_MAX_REJECTION_RATE: Final = 0.01
+# The per-request metrics goodput bounds (as vLLM's benchmark and AIPerf: TTFT and ITL).
+GOODPUT_METRICS: Final = ("ttft_s", "itl_s")
+DEFAULT_SLO_PATH: Final = Path(__file__).parent / "slos" / "chat-over-backlog.toml"
 
 
 @dataclass(frozen=True, slots=True)
@@ -57,6 +61,21 @@ class SloSpec:
             raise ValueError(f"headroom must be in [0, 1), got {self.headroom!r}")
         # Slo validates max_rejection_rate and duplicate targets.
         self.slo()
+
+    def goodput_bounds(self) -> dict[str, dict[str, float]]:
+        """Per class, the TTFT and ITL bounds a single request must meet to count as goodput
+        (``bench.summary.goodput``): the ``max`` of the class's ttft_s / itl_s targets, at
+        whatever percentile the target states (the tightest where several do)."""
+        bounds: dict[str, dict[str, float]] = {}
+        for target in self.targets:
+            if target.metric not in GOODPUT_METRICS or target.max_value is None:
+                continue
+            per_class = bounds.setdefault(target.request_class, {})
+            old = per_class.get(target.metric)
+            per_class[target.metric] = (
+                target.max_value if old is None else min(old, target.max_value)
+            )
+        return bounds
 
     def slo(self) -> Slo:
         """The pure form ``policies.envelope_derive.derive_envelope`` takes."""
@@ -119,3 +138,13 @@ def load_slo(text: str) -> SloSpec:
             DEFAULT_MAX_REJECTION_RATE if max_rejection_rate is None else max_rejection_rate
         ),
     )
+
+
+def read_slo(path: str | Path) -> SloSpec:
+    """An SLO spec file (``load_slo`` of its text)."""
+    return load_slo(Path(path).read_text(encoding="utf-8"))
+
+
+def goodput_bounds(path: str | Path) -> dict[str, dict[str, float]]:
+    """The goodput bounds of an SLO file (``SloSpec.goodput_bounds``)."""
+    return read_slo(path).goodput_bounds()

@@ -33,7 +33,7 @@ from typing import Any
 
 from bench.records import CANCELLED, EXPIRED, OK, OUTCOMES, REJECTED, RequestRecord
 
-__all__ = ["CLASSES", "headline_ratios", "percentile", "summarize"]
+__all__ = ["CLASSES", "goodput", "headline_ratios", "percentile", "request_meets", "summarize"]
 
 CLASSES = ("interactive", "bulk")
 
@@ -89,6 +89,51 @@ def _class_block(records: list[RequestRecord], duration_s: float) -> dict[str, A
         "output_tokens": output_tokens,
         "output_tokens_per_s": output_tokens / duration_s,
     }
+
+
+def request_meets(record: RequestRecord, bounds_s: Mapping[str, float]) -> bool:
+    """Whether one request met per-request bounds, as vLLM's benchmark and AIPerf count it:
+    finished OK, its TTFT <= ``bounds_s["ttft_s"]`` and its mean inter-token latency (over its
+    own gaps) <= ``bounds_s["itl_s"]``, each bound only where given. A stream with no gaps
+    (one token) has no ITL to miss."""
+    if record.outcome != OK:
+        return False
+    ttft_max = bounds_s.get("ttft_s")
+    if ttft_max is not None and (record.ttft_s is None or record.ttft_s > ttft_max):
+        return False
+    itl_max = bounds_s.get("itl_s")
+    if itl_max is not None and record.itls_s:
+        return sum(record.itls_s) / len(record.itls_s) <= itl_max
+    return True
+
+
+def goodput(
+    records: list[RequestRecord],
+    duration_s: float,
+    bounds_by_class: Mapping[str, Mapping[str, float]],
+) -> dict[str, dict[str, Any]]:
+    """Per class: requests per second that met their class's bounds (``request_meets``).
+
+    ``{"interactive": {"bounds_s": {"ttft_s": 0.5, "itl_s": 0.1}, "good": 57, "count": 60,
+    "good_fraction": 0.95, "goodput_per_s": 1.42}, "bulk": {...}}``. A class without bounds
+    counts every OK request (its goodput is its completed requests per second); the run's
+    ``duration_s`` is the denominator, as in vLLM's and AIPerf's goodput."""
+    if not (math.isfinite(duration_s) and duration_s > 0):
+        raise ValueError(f"duration_s must be positive and finite, got {duration_s!r}")
+    names = list(CLASSES) + sorted({r.request_class for r in records} - set(CLASSES))
+    result: dict[str, dict[str, Any]] = {}
+    for name in names:
+        mine = [r for r in records if r.request_class == name]
+        bounds = dict(bounds_by_class.get(name, {}))
+        good = sum(1 for r in mine if request_meets(r, bounds))
+        result[name] = {
+            "bounds_s": bounds,
+            "good": good,
+            "count": len(mine),
+            "good_fraction": _rate(good, len(mine)),
+            "goodput_per_s": good / duration_s,
+        }
+    return result
 
 
 def summarize(records: list[RequestRecord], duration_s: float) -> dict[str, Any]:

@@ -15,7 +15,14 @@ from policies.request_class import RequestClass
 
 __all__ = ["BUILTIN_WORKLOADS", "dump_workload", "load_workload", "parse_workload"]
 
-BUILTIN_WORKLOADS = ("chat-only", "bulk-only", "mixed", "burst", "long-context")
+BUILTIN_WORKLOADS = (
+    "chat-only",
+    "bulk-only",
+    "mixed",
+    "burst",
+    "long-context",
+    "chat-over-backlog",
+)
 
 # Keys each kind accepts: a key another kind uses is refused rather than silently ignored,
 # so what a user wrote is what runs (and dump/parse round-trips exactly).

@@ -61,5 +61,26 @@ def test_compare_writes_every_file(tiny_model_dir: Path, redis_server: str, tmp_
     rows = json.loads((out / "comparison.json").read_text())
     assert [r["policy"] for r in rows] == ["fcfs", "mixgate"]
     assert all(r["ratios"]["interactive_ttft_p99_ratio"] is not None for r in rows)
+    # Goodput per class, counted with the default SLO's per-request bounds, in every phase.
+    for row in rows:
+        assert row["slo"]["goodput_bounds_s"] == {"interactive": {"ttft_s": 0.5, "itl_s": 0.1}}
+        for summary in (row["summary"], *row["alone"].values()):
+            for cls in ("interactive", "bulk"):
+                block = summary["goodput"][cls]
+                assert 0 <= block["good"] <= block["count"]
+                assert block["goodput_per_s"] == block["good"] / summary["duration_s"]
+        assert row["summary"]["goodput"]["interactive"]["count"] > 0
+    assert "goodput (req/s)" in (out / "comparison.md").read_text()
     assert (out / "comparison.md").read_text().count("mixgate") >= 1
     assert sorted(p.name for p in out.glob("vs_*.png"))
+
+
+def test_alone_phases_draw_fresh_prompts() -> None:
+    from bench.compare import variants
+    from bench.workload import load_workload
+
+    workload = load_workload("chat-over-backlog")
+    seeds = {name: wl.seed for name, wl in variants(workload)}
+    # A prefix cache must not carry one phase's prompts into another: each phase its own seed.
+    assert len(set(seeds.values())) == 3
+    assert seeds["mixed"] == workload.seed

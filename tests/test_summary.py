@@ -6,7 +6,7 @@ import pytest
 
 import bench.summary as summary_module
 from bench.records import CANCELLED, EXPIRED, INCOMPLETE, OK, REJECTED, RequestRecord
-from bench.summary import headline_ratios, percentile, summarize
+from bench.summary import goodput, headline_ratios, percentile, summarize
 
 
 def _record(
@@ -172,3 +172,64 @@ def test_headline_ratios_from_real_summaries() -> None:
     ratios = headline_ratios(summarize(mixed, 1.0), summarize(chat, 1.0), summarize(bulk, 1.0))
     assert ratios["interactive_ttft_p99_ratio"] == pytest.approx(1.0)
     assert ratios["bulk_tokens_per_s_ratio"] == pytest.approx(0.5)
+
+
+def test_goodput_counts_requests_within_both_bounds_per_second() -> None:
+    bounds = {"interactive": {"ttft_s": 0.5, "itl_s": 0.1}}
+    records = [
+        _record(0, "interactive", OK, ttft_s=0.4, itls_s=[0.05, 0.15]),  # mean ITL 0.1: good
+        _record(1, "interactive", OK, ttft_s=0.6, itls_s=[0.01]),  # TTFT too late
+        _record(2, "interactive", OK, ttft_s=0.1, itls_s=[0.3, 0.01]),  # mean ITL 0.155
+        _record(3, "interactive", OK, ttft_s=0.5),  # one token: no ITL to miss; good
+        _record(4, "interactive", REJECTED),  # refused: never good
+        _record(5, "bulk", OK, ttft_s=30.0, e2e_s=60.0),  # no bulk bounds: every OK is good
+        _record(6, "bulk", INCOMPLETE),
+    ]
+    result = goodput(records, 10.0, bounds)
+    chat, bulk = result["interactive"], result["bulk"]
+    assert (chat["good"], chat["count"]) == (2, 5)
+    assert chat["goodput_per_s"] == pytest.approx(0.2)
+    assert chat["good_fraction"] == pytest.approx(0.4)
+    assert chat["bounds_s"] == {"ttft_s": 0.5, "itl_s": 0.1}
+    assert (bulk["good"], bulk["count"], bulk["bounds_s"]) == (1, 2, {})
+    assert bulk["goodput_per_s"] == pytest.approx(0.1)
+    with pytest.raises(ValueError, match="duration_s"):
+        goodput(records, 0.0, bounds)
+
+
+def test_goodput_of_a_class_without_requests_is_zero_not_missing() -> None:
+    result = goodput([], 5.0, {})
+    assert result["interactive"]["goodput_per_s"] == 0.0
+    assert result["interactive"]["good_fraction"] is None
+
+
+def test_goodput_bounds_of_the_chat_over_backlog_slo() -> None:
+    from bench.slo import DEFAULT_SLO_PATH, goodput_bounds, load_slo
+
+    assert goodput_bounds(DEFAULT_SLO_PATH) == {"interactive": {"ttft_s": 0.5, "itl_s": 0.1}}
+    # The tightest bound wins where several percentiles bound one metric; other metrics and
+    # the completion fraction are not per-request goodput bounds.
+    spec = load_slo(
+        """
+[[target]]
+class = "interactive"
+metric = "ttft_s"
+percentile = 50
+max = 0.2
+[[target]]
+class = "interactive"
+metric = "ttft_s"
+percentile = 99
+max = 0.8
+[[target]]
+class = "interactive"
+metric = "e2e_s"
+percentile = 99
+max = 5.0
+[[target]]
+class = "bulk"
+metric = "completion_within_deadline"
+min = 0.99
+"""
+    )
+    assert spec.goodput_bounds() == {"interactive": {"ttft_s": 0.2}}
