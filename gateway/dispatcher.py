@@ -14,9 +14,9 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
-from functools import partial
 from typing import Any
 
 import redis.asyncio as aioredis
@@ -35,7 +35,7 @@ from gateway.dispatcher_events import (
 )
 from gateway.dispatcher_job import JobRunner, LocalJob
 from gateway.dispatcher_notices import ScriptOutcomes
-from gateway.dispatcher_retry import Backoff, retry_transient
+from gateway.dispatcher_retry import Backoff
 from gateway.dispatcher_waits import ClaimWaits
 from gateway.queue import ClaimedJob, QueueStore, ReclaimResult
 from gateway.token_stream import TokenStreams
@@ -44,6 +44,10 @@ from policies.request_class import RequestClass
 __all__ = ["DispatchEvent", "DispatchEventKind", "Dispatcher", "DispatcherConfig", "DrainResult"]
 
 log = structlog.get_logger("mixgate.dispatcher")
+
+# Cancel messages for jobs not (yet) local, remembered in case their claim reply is still on
+# its way: the claim script read the flag before the cancel set it, and the message came first.
+_UNMATCHED_CANCELS_KEPT = 1024
 
 
 def wall_clock_ms() -> int:
@@ -101,6 +105,7 @@ class Dispatcher:
         # Keyed by lease token: one job id can be here twice (a lost lease, claimed again).
         self._jobs: dict[int, LocalJob] = {}
         self._tasks: dict[int, asyncio.Task[None]] = {}
+        self._unmatched_cancels: OrderedDict[str, None] = OrderedDict()
         self._waits = ClaimWaits(store, config.wait_timeout_s, self._backoff)
         # Classes this replica serves at all (a limit of 0 turns a class off here).
         self._open_classes = [c for c in RequestClass if config.max_active_by_class[c] > 0]
@@ -197,7 +202,10 @@ class Dispatcher:
         return [c for c in self._open_classes if in_flight[c] < limits[c]]
 
     async def _claim_one(self, classes: Sequence[RequestClass]) -> bool:
-        """One claim; True when it leased a job or dropped expired ones (claim again)."""
+        """One claim; True when claiming again may find more (it leased a job and its queues
+        are not empty yet, or it dropped expired ones). NOTE: False after a claim that emptied
+        the asked queues: the next job's admit touches the wake-up key, so waiting on it
+        replaces a claim that would find nothing."""
         cfg = self.config
         result = await self._store.claim(
             classes, self._clock_ms(), cfg.lease_ms, cfg.replica_id, cfg.class_offsets_ms
@@ -206,21 +214,22 @@ class Dispatcher:
             self._launch(result.claimed)
         if result.expired_ids:
             await self._outcomes.expired(result.expired_ids)
-        return result.claimed is not None or bool(result.expired_ids)
+        return (result.claimed is not None and result.more) or bool(result.expired_ids)
 
     def _launch(self, claimed: ClaimedJob) -> None:
         local = LocalJob(claimed)
+        if local.job_id in self._unmatched_cancels:
+            del self._unmatched_cancels[local.job_id]
+            local.cancel_requested = True
         self._jobs[local.token] = local
         self._tasks[local.token] = asyncio.create_task(self._run(local), name=local.job_id)
         self._record(DispatchEventKind.CLAIMED, local)
 
     async def _run(self, local: LocalJob) -> None:
         try:
-            # A cancel that raced the claim: its message may have come before the job was
-            # local, but its flag was set before the message was sent.
-            read = partial(cancel_flags_set, self._redis, self._store.keys, [local.job_id])
-            if await retry_transient(read, what="cancel_flag", backoff=self._backoff) == [True]:
-                local.cancel_requested = True
+            # NOTE: a cancel that raced the claim (its message may have come before the job was
+            # local, but its flag was set before the message was sent) is in the claim's reply:
+            # the claim script reads the flag (LocalJob takes it from the ClaimedJob).
             await self._runner.run(local)
         except Exception:
             # The lease is left to lapse: a reclaim sweep returns the job to its queue.
@@ -307,6 +316,10 @@ class Dispatcher:
             if local.job_id == job_id and local.abortable:
                 self._cancel(local)
                 found = True
+        if not found:
+            self._unmatched_cancels[job_id] = None
+            while len(self._unmatched_cancels) > _UNMATCHED_CANCELS_KEPT:
+                self._unmatched_cancels.popitem(last=False)
         return found
 
     def _cancel(self, local: LocalJob) -> None:

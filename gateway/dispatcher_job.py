@@ -1,8 +1,14 @@
-"""Running one claimed job on the local engine: deltas to its token stream, its result to Redis.
+"""Running one claimed job on the local engine: deltas to whoever reads them, its result to Redis.
 
-Order of writes at the end: `complete()` first, then the stream's last event. The fenced
-complete decides whether this attempt's outcome counts; a replica that lost its lease must not
-put an END or ERROR on a stream that the lease holder is still writing to.
+Where the events of an attempt go is decided when it emits its first one
+(`gateway.local_delivery`): to a handler on this replica in-process, to the job's Redis stream
+(batched per event-loop tick with every other job's), or nowhere (a bulk job nobody reads).
+
+The last event (END or ERROR) comes after `complete()`: the fenced complete decides whether
+this attempt's outcome counts, and a replica that lost its lease must not end a stream that
+the lease holder is still writing to. On the Redis route the complete script appends the last
+event itself (one round trip, atomic with the outcome); on the local route it is delivered
+once complete() said ok.
 """
 
 from __future__ import annotations
@@ -24,9 +30,10 @@ from gateway.dispatcher_events import DispatchCounters, DispatchEvent, DispatchE
 from gateway.dispatcher_notices import CANCELLED_EVENT
 from gateway.dispatcher_retry import TRANSIENT_ERRORS, Backoff, retry_transient
 from gateway.job_payload import JobPayload
+from gateway.local_delivery import Listener, Route, is_watched
 from gateway.queue import ClaimedJob, JobStatus, QueueStore
 from gateway.redis_text import redis_text
-from gateway.token_stream import DELTA, END, ERROR, TokenStreams
+from gateway.token_stream import DELTA, END, ERROR, StreamEvent, TokenStreams, event_json
 from policies.request_class import RequestClass
 
 log = structlog.get_logger("mixgate.dispatcher")
@@ -46,6 +53,15 @@ class LocalJob:
     # Generation is over and complete() is under way: no longer abortable, and a stale renew
     # may just mean that our own complete() landed.
     finishing: bool = False
+    # Where this attempt's events go (decided at its first event) and, when local, to whom.
+    route: Route | None = None
+    listener: Listener | None = None
+    # The parsed request, once run() read it.
+    payload: JobPayload | None = None
+
+    def __post_init__(self) -> None:
+        # Flagged before the claim (the claim script reads the flag): it raced the claim.
+        self.cancel_requested = self.cancel_requested or self.claimed.cancel_requested
 
     @property
     def job_id(self) -> str:
@@ -121,6 +137,14 @@ class JobRunner:
 
     async def run(self, local: LocalJob) -> None:
         """Run the job to a written outcome, or to nothing at all when the lease is not ours."""
+        try:
+            await self._run(local)
+        finally:
+            if local.listener is not None:
+                # Without a last event delivered (lease lost, drain) it reads the stream again.
+                local.listener.detach(local.token)
+
+    async def _run(self, local: LocalJob) -> None:
         if local.cancel_requested:
             await self._finish_cancelled(local)
             return
@@ -163,7 +187,7 @@ class JobRunner:
         job = local.claimed.job
         # Engine-clock time of admission, so the queue wait in Redis counts in TTFT.
         waited_s = max(0, self._clock_ms() - job.enqueue_ms) / 1000.0
-        payload = JobPayload.from_json(job.request_json)
+        payload = local.payload = JobPayload.from_json(job.request_json)
         return payload.generation_request(
             local.engine_request_id, job.request_class, arrival_s=self._engine_clock_s() - waited_s
         )
@@ -182,8 +206,8 @@ class JobRunner:
                 if delta.new_token_ids or delta.new_text:
                     parts.append(delta.new_text)
                     data = {"text": delta.new_text, "token_ids": list(delta.new_token_ids)}
-                    await self._publish(local, DELTA, data)
-                    if mark_first:
+                    route = await self._publish(local, DELTA, data)
+                    if mark_first and route is not Route.NOBODY:
                         # After the publish, so the first token is not delayed by this write.
                         mark_first = False
                         mark = partial(self._store.mark_tokens_sent, local.job_id)
@@ -219,37 +243,50 @@ class JobRunner:
         timings = timings_of(final.metrics)
         reason = final.finish_reason
         result = {"text": text, "finish_reason": reason, "usage": usage, "timings": timings}
-        if not await self._complete(local, JobStatus.COMPLETED, json.dumps(result), None):
+        end = {"finish_reason": reason, "usage": usage, "timings": timings}
+        if not await self._complete(local, JobStatus.COMPLETED, json.dumps(result), None, END, end):
             return
-        await self._publish(
-            local, END, {"finish_reason": reason, "usage": usage, "timings": timings}
-        )
         itls_s = final.metrics.itls_s if final.metrics is not None else []
         self._emit(local, DispatchEventKind.COMPLETED, {**timings, "itls_s": itls_s})
 
     async def _finish_cancelled(self, local: LocalJob) -> None:
-        if await self._complete(local, JobStatus.CANCELLED, None, None):
-            await self._publish(local, ERROR, CANCELLED_EVENT)
+        if await self._complete(local, JobStatus.CANCELLED, None, None, ERROR, CANCELLED_EVENT):
             self._emit(local, DispatchEventKind.CANCELLED)
 
     async def _fail(self, local: LocalJob, status: int, code: str, message: str) -> None:
         error = {"code": code, "message": message}
-        if await self._complete(local, JobStatus.FAILED, None, json.dumps(error)):
-            await self._publish(local, ERROR, {"status": status, **error})
+        last = {"status": status, **error}
+        if await self._complete(local, JobStatus.FAILED, None, json.dumps(error), ERROR, last):
             self._emit(local, DispatchEventKind.FAILED)
 
     async def _complete(
-        self, local: LocalJob, status: JobStatus, result_json: str | None, error_json: str | None
+        self,
+        local: LocalJob,
+        status: JobStatus,
+        result_json: str | None,
+        error_json: str | None,
+        last_kind: str,
+        last_data: dict[str, Any],
     ) -> bool:
-        """The fenced write of the job's outcome; False (logged) when the lease is not ours."""
+        """The fenced write of the job's outcome, then its last event; False (logged) when the
+        lease is not ours (then nothing is written or delivered)."""
         local.finishing = True
         in_doubt = False
+        route = self._route(local)
+        on_stream = (last_kind, event_json(last_data)) if route is Route.REDIS else None
 
         async def attempt() -> bool:
             nonlocal in_doubt
             try:
                 return await self._store.complete(
-                    local.job_id, local.token, status, result_json, error_json, self._clock_ms()
+                    local.job_id,
+                    local.token,
+                    status,
+                    result_json,
+                    error_json,
+                    self._clock_ms(),
+                    last_event=on_stream,
+                    stream_ttl_s=self._streams.ttl_s,
                 )
             except TRANSIENT_ERRORS:
                 in_doubt = True
@@ -263,6 +300,10 @@ class JobRunner:
         if not ok:
             log.warning("complete_refused_stale_lease", job_id=local.job_id, token=local.token)
             self._emit(local, DispatchEventKind.LEASE_LOST)
+        elif local.listener is not None:
+            # NOTE: an in-doubt complete that landed wrote the stream's last event too (same
+            # script), so nothing is appended again here.
+            local.listener.deliver(StreamEvent(last_kind, last_data, ""))
         return ok
 
     async def _landed(self, local: LocalJob, status: JobStatus) -> bool:
@@ -271,13 +312,35 @@ class JobRunner:
         found, token = await retry_transient(read, what="read_back", backoff=self._backoff)
         return redis_text(found) == status.value and redis_text(token) == str(local.token)
 
-    async def _publish(self, local: LocalJob, kind: str, data: dict[str, Any]) -> None:
-        # NOTE: a publish lost in transit and retried can append one event twice; the stream
-        # API has no idempotent append, and losing an event would be worse.
-        publish = partial(self._streams.publish, local.job_id, kind, data)
-        await retry_transient(publish, what=f"publish_{kind}", backoff=self._backoff)
+    def _route(self, local: LocalJob) -> Route:
+        """This attempt's route, decided once, at its first event (the latest moment, so that
+        a handler on this replica has had every chance to register)."""
+        if local.route is None:
+            local.route, local.listener = self._streams.local.route(
+                local.job_id, local.token, _watched(local)
+            )
+        return local.route
+
+    async def _publish(self, local: LocalJob, kind: str, data: dict[str, Any]) -> Route:
+        route = self._route(local)
+        if route is Route.LOCAL:
+            assert local.listener is not None
+            local.listener.deliver(StreamEvent(kind, data, ""))
+        elif route is Route.REDIS:
+            # Batched with every other job's events of this tick; retried inside.
+            await self._streams.batched.publish(local.job_id, kind, data)
+        return route
 
     def _emit(
         self, local: LocalJob, kind: DispatchEventKind, timings: dict[str, Any] | None = None
     ) -> None:
         self._counters.record(DispatchEvent(kind, local.request_class, local.job_id, timings))
+
+
+def _watched(local: LocalJob) -> bool:
+    """Whether a handler somewhere reads this job's events (chats mark their payload)."""
+    try:
+        payload = local.payload or JobPayload.from_json(local.claimed.job.request_json)
+    except (KeyError, TypeError, ValueError):
+        return True  # unreadable: run() fails it, and the reader (if any) must hear why
+    return is_watched(payload.extra, payload.stream)

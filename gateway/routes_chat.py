@@ -1,13 +1,16 @@
 """POST /v1/chat/completions: OpenAI-compatible, streamed over SSE or answered as one body.
 
-The request is queued like any other (so any replica may run it) and its tokens come back
-over the request's Redis stream. A client that goes away cancels the request: the replica
-running it aborts it in its engine, which frees its KV blocks.
+The request is queued like any other (so any replica may run it). Its handler registers as
+the job's local listener right after admit: when this replica's dispatcher runs the job, the
+tokens come in-process; when another replica runs it, over the request's Redis stream
+(`gateway.local_delivery`). A client that goes away cancels the request: the replica running
+it aborts it in its engine, which frees its KV blocks.
 """
 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import time
 from collections.abc import AsyncIterator
@@ -29,6 +32,7 @@ from gateway.intake import (
     require_model,
     require_ready,
 )
+from gateway.local_delivery import WATCHED_KEY, Listener
 from gateway.redis_health import require_redis
 from gateway.schemas import (
     chat_chunk_body,
@@ -67,41 +71,54 @@ async def chat_completions(request: Request) -> Response:
     body = parse_chat_request(await _body(request, state))
     require_model(state, body.model)
     cls = request_class(request, RequestClass.INTERACTIVE, body.service_tier, principal)
+    # Marked as read by a handler, so whichever replica runs it sends its events somewhere.
     payload = build_payload(state, body, cls)
+    payload = dataclasses.replace(payload, extra={**payload.extra, WATCHED_KEY: True})
     deadline_s = interactive_deadline_s(request) if cls is RequestClass.INTERACTIVE else None
     admitted = await admit(
         state, principal, cls, payload, deadline_s=deadline_s, id_prefix="chatcmpl-"
     )
+    # No await since admit returned: the local dispatcher finds the listener when it runs the
+    # job (one that came late would still be served, through the stream).
+    assert state.streams is not None
+    listener = state.streams.local.listen(admitted.job_id)
     state.metrics.requests.labels(cls.value, "chat", "admitted").inc()
     if payload.stream:
+        timings = request.headers.get(TIMINGS_HEADER) == "1"
         return StreamingResponse(
-            _sse(state, admitted, principal.tenant, request.headers.get(TIMINGS_HEADER) == "1"),
+            _sse(state, admitted, listener, principal.tenant, timings),
             media_type="text/event-stream",
             headers=SSE_HEADERS,
         )
-    return await _complete(state, admitted, principal.tenant)
+    return await _complete(state, admitted, listener, principal.tenant)
 
 
-async def _events(state: GatewayState, job_id: str) -> AsyncIterator[StreamEvent]:
-    """The request's stream events; a silent stream past the idle timeout is an error."""
-    assert state.streams is not None
-    events = state.streams.read(job_id).__aiter__()
-    while True:
-        try:
-            async with asyncio.timeout(state.settings.stream_idle_timeout_s):
-                event = await events.__anext__()
-        except StopAsyncIteration:
-            return
-        except TimeoutError:
-            yield StreamEvent(
-                ERROR,
-                {"status": 504, "code": "stream_timeout", "message": "no tokens arrived in time"},
-                "",
-            )
-            return
-        yield event
-        if event.is_last:
-            return
+async def _events(state: GatewayState, listener: Listener) -> AsyncIterator[StreamEvent]:
+    """The request's events; silence past the idle timeout is an error."""
+    events = listener.events()
+    try:
+        while True:
+            try:
+                async with asyncio.timeout(state.settings.stream_idle_timeout_s):
+                    event = await anext(events)
+            except StopAsyncIteration:
+                return
+            except TimeoutError:
+                yield StreamEvent(
+                    ERROR,
+                    {
+                        "status": 504,
+                        "code": "stream_timeout",
+                        "message": "no tokens arrived in time",
+                    },
+                    "",
+                )
+                return
+            yield event
+            if event.is_last:
+                return
+    finally:
+        await events.aclose()  # type: ignore[attr-defined]
 
 
 async def _cancel(state: GatewayState, job_id: str, tenant: str) -> None:
@@ -115,7 +132,7 @@ async def _cancel(state: GatewayState, job_id: str, tenant: str) -> None:
 
 
 async def _sse(
-    state: GatewayState, admitted: Admitted, tenant: str, with_timings: bool
+    state: GatewayState, admitted: Admitted, listener: Listener, tenant: str, with_timings: bool
 ) -> AsyncIterator[bytes]:
     payload, job_id = admitted.payload, admitted.job_id
     usage = payload.include_usage
@@ -130,7 +147,7 @@ async def _sse(
     finished = False
     try:
         yield chunk(role_delta(), None)
-        async for event in _events(state, job_id):
+        async for event in _events(state, listener):
             if event.kind == DELTA and event.data["text"]:
                 yield chunk(content_delta(event.data["text"]), None)
             elif event.kind == END:
@@ -163,15 +180,23 @@ async def _sse(
         yield b"data: [DONE]\n\n"
         finished = True
     finally:
+        _forget(state, listener)
         if not finished:
             await _cancel(state, job_id, tenant)
 
 
-async def _complete(state: GatewayState, admitted: Admitted, tenant: str) -> Response:
+def _forget(state: GatewayState, listener: Listener) -> None:
+    assert state.streams is not None
+    state.streams.local.forget(listener)
+
+
+async def _complete(
+    state: GatewayState, admitted: Admitted, listener: Listener, tenant: str
+) -> Response:
     payload, job_id = admitted.payload, admitted.job_id
     parts: list[str] = []
     try:
-        async for event in _events(state, job_id):
+        async for event in _events(state, listener):
             if event.kind == DELTA:
                 parts.append(event.data["text"])
             elif event.kind == END:
@@ -197,6 +222,8 @@ async def _complete(state: GatewayState, admitted: Admitted, tenant: str) -> Res
     except asyncio.CancelledError:
         await _cancel(state, job_id, tenant)
         raise
+    finally:
+        _forget(state, listener)
     log.error("stream_ended_without_result", job_id=job_id)
     raise APIError.internal()
 

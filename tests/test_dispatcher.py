@@ -29,6 +29,7 @@ from gateway.dispatcher_config import DispatcherConfig
 from gateway.dispatcher_events import DispatchEvent, DispatchEventKind
 from gateway.dispatcher_retry import Backoff, retry_transient
 from gateway.job_payload import JobPayload
+from gateway.local_delivery import WATCHED_KEY
 from gateway.queue import JobRecord, JobStatus, Keys, NewJob, QueueStore
 from gateway.token_stream import DELTA, END, ERROR, StreamEvent, TokenStreams
 from policies.request_class import RequestClass
@@ -129,7 +130,14 @@ async def _admit(
 ) -> str:
     job_id = f"job-{uuid.uuid4().hex[:10]}"
     sampling = SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True)
-    payload = JobPayload(prompt_token_ids=prompt, sampling=sampling, model="tiny", created_s=0)
+    # Marked as read (as chats are): these tests read every job's stream.
+    payload = JobPayload(
+        prompt_token_ids=prompt,
+        sampling=sampling,
+        model="tiny",
+        created_s=0,
+        extra={WATCHED_KEY: True},
+    )
     job = NewJob(
         job_id=job_id,
         tenant=TENANT,

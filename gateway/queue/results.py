@@ -40,6 +40,8 @@ class ClaimedJob:
     # was reclaimed cannot overwrite the result of the replica that holds the job now.
     lease_token: int
     lease_expiry_ms: int
+    # A cancel was flagged before the claim (it raced it): complete as cancelled, do not run.
+    cancel_requested: bool = False
 
     def __post_init__(self) -> None:
         if self.lease_token < 1:
@@ -54,6 +56,10 @@ class ClaimResult:
     # Jobs dropped because their deadline passed while they waited; the caller tells their
     # streams / pollers. They never appear as claimed.
     expired_ids: tuple[str, ...] = ()
+    # An asked queue still holds entries after this call: claim again. False: every asked
+    # queue is empty, so the caller may wait for a wake-up instead of a claim that finds
+    # nothing (an admit after this call touches the wake-up key).
+    more: bool = True
 
 
 @dataclass(frozen=True, slots=True)

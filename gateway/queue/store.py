@@ -145,17 +145,18 @@ class QueueStore:
         for c in asked:
             keys += [self.keys.pending(c), self.keys.queued_tokens(c)]
             args += [c.value, class_offsets_ms[c]]
-        job_id, token, expiry_ms, fields, expired = await self._scripts["claim"](
-            keys=keys, args=args
-        )
+        job_id, token, expiry_ms, fields, expired, cancel_flag, more = await self._scripts[
+            "claim"
+        ](keys=keys, args=args)
         claimed = None
         if redis_text(job_id):
             claimed = ClaimedJob(
                 job=JobRecord.from_hash(_pairs(fields)),
                 lease_token=int(token),
                 lease_expiry_ms=int(expiry_ms),
+                cancel_requested=int(cancel_flag) == 1,
             )
-        return ClaimResult(claimed=claimed, expired_ids=_ids(expired))
+        return ClaimResult(claimed=claimed, expired_ids=_ids(expired), more=int(more) == 1)
 
     async def renew(self, job_id: str, token: int, now_ms: int, lease_ms: int) -> bool:
         """Extend the lease to now_ms + lease_ms; False means stop: the job is not ours."""
@@ -171,11 +172,21 @@ class QueueStore:
         result_json: str | None,
         error_json: str | None,
         now_ms: int,
+        last_event: tuple[str, str] | None = None,
+        stream_ttl_s: int = 3600,
     ) -> bool:
-        """Finish a job we hold; False when the lease is no longer ours (nothing written)."""
+        """Finish a job we hold; False when the lease is no longer ours (nothing written).
+
+        `last_event` (kind, data JSON) is appended to the job's token stream, with its expiry,
+        in the same atomic step: only an attempt whose outcome counts ends the stream.
+        """
         if status not in COMPLETION_STATUSES:
             raise ValueError(f"a job is completed as one of {sorted(COMPLETION_STATUSES)}")
-        keys = [self.keys.job(job_id), self.keys.inflight, self.keys.cancel(job_id)]
+        if stream_ttl_s < 1:
+            raise ValueError(f"stream_ttl_s must be >= 1, got {stream_ttl_s}")
+        k = self.keys
+        keys = [k.job(job_id), k.inflight, k.cancel(job_id), k.out(job_id)]
+        event_kind, event_data = last_event if last_event is not None else ("", "")
         args: list[_Arg] = [
             job_id,
             token,
@@ -183,6 +194,9 @@ class QueueStore:
             result_json or "",
             error_json or "",
             now_ms,
+            event_kind,
+            event_data,
+            stream_ttl_s,
         ]
         reply = await self._scripts["complete"](keys=keys, args=args)
         return redis_text(reply) == "ok"

@@ -7,8 +7,11 @@
 -- KEYS[1 + 2i] pending:{class i}  KEYS[2 + 2i] queued_tokens:{class i}   (i = 1..n)
 -- ARGV: prefix, now_ms, lease_ms, replica, max_scan, then per class i: class, offset_ms
 --       (ties go to the class listed first)
--- Returns {id, lease_token, lease_expiry_ms, job_fields, expired_ids}: id is '' (and
--- lease_token 0, job_fields empty) when nothing was claimed; job_fields is HGETALL's flat list.
+-- Returns {id, lease_token, lease_expiry_ms, job_fields, expired_ids, cancel_flag, more}: id is
+-- '' (and lease_token 0, job_fields empty) when nothing was claimed; job_fields is HGETALL's
+-- flat list; cancel_flag is 1 when a cancel of the claimed job is already flagged (it raced the
+-- claim: the caller completes it as cancelled without running it); more is 1 when an asked
+-- queue still holds entries after this claim (0: the caller need not claim again until woken).
 -- At most max_scan queue entries are removed per call: with nothing claimed but expired_ids
 -- non-empty, the caller should call again.
 
@@ -61,9 +64,17 @@ for _ = 1, max_scan do
         redis.call('HSET', job_key, 'started_ms', ARGV[2])
       end
       redis.call('ZADD', inflight_key, expiry_ms, id)
-      return {id, token, expiry_ms, redis.call('HGETALL', job_key), expired}
+      local cancel_flag = redis.call('EXISTS', prefix .. 'cancel:' .. id)
+      local more = 0
+      for j = 1, n_classes do
+        if redis.call('ZCARD', KEYS[1 + 2 * j]) > 0 then
+          more = 1
+          break
+        end
+      end
+      return {id, token, expiry_ms, redis.call('HGETALL', job_key), expired, cancel_flag, more}
     end
   end
 end
 
-return {'', 0, '0', {}, expired}
+return {'', 0, '0', {}, expired, 0, 0}
