@@ -140,11 +140,14 @@ def _read_pid(pidfile: Path) -> int | None:
 
 
 def _is_redis_server(pid: int) -> bool:
+    """A live (not zombie) redis-server: the pidfile's pid may be reused or unreaped."""
     try:
-        comm = Path(f"/proc/{pid}/comm").read_text().strip()
+        stat = Path(f"/proc/{pid}/stat").read_text()
     except OSError:
         return False
-    return comm.startswith("redis-server") or comm.startswith("redis-check")
+    name = stat[stat.index("(") + 1 : stat.rindex(")")]
+    state = stat[stat.rindex(")") + 2 :].split()[0]
+    return name.startswith("redis-server") and state not in ("Z", "X")
 
 
 def _answers_ping(socket_path: Path) -> bool:
