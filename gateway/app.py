@@ -27,7 +27,7 @@ from gateway.embedded_redis import EmbeddedRedis
 from gateway.engine_setup import engine_config, resolve_model_dir, start_engine
 from gateway.errors import EXCEPTION_HANDLERS
 from gateway.logging_setup import RequestIdMiddleware
-from gateway.metrics import Metrics
+from gateway.metrics import Metrics, engine_step_records
 from gateway.queue import Keys, QueueStore
 from gateway.settings import Settings
 from gateway.state import GatewayState
@@ -114,7 +114,9 @@ def create_app(settings: Settings, *, redis_client: aioredis.Redis | None = None
         state.batch = BatchRuntime.create(
             client, state.store, settings, envelope.queue_limit(RequestClass.BULK)
         )
-        state.metrics.watch(state.engine_load, lambda: _depths(state))
+        state.metrics.watch(
+            state.engine_load, lambda: _depths(state), lambda: engine_step_records(state.engine)
+        )
         if state.auth.is_open:
             log.warning(
                 "auth_open",
@@ -125,6 +127,7 @@ def create_app(settings: Settings, *, redis_client: aioredis.Redis | None = None
             asyncio.create_task(_bring_up(state), name="bring-up"),
             asyncio.create_task(_watch_redis(state), name="watch-redis"),
             asyncio.create_task(state.batch.supervisor.run(), name="batch-supervisor"),
+            asyncio.create_task(state.metrics.probe_loop_lag(), name="loop-lag-probe"),
         ]
         try:
             yield

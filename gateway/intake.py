@@ -29,6 +29,8 @@ from policies.request_class import RequestClass
 from policies.scheduling_policy import SchedulingPolicy
 
 DEADLINE_HEADER = "x-mixgate-deadline-ms"
+# Admission's predicted TTFT in ms, on every admitted chat stream and job submission.
+PREDICTED_TTFT_HEADER = "x-mixgate-predicted-ttft-ms"
 log = structlog.get_logger("mixgate.intake")
 
 
@@ -39,6 +41,14 @@ class Admitted:
     payload: JobPayload
     enqueue_ms: int
     deadline_ms: int
+    # Admission's predicted TTFT (seconds from admission), for `x-mixgate-predicted-ttft-ms`.
+    predicted_ttft_s: float | None = None
+
+    @property
+    def prediction_headers(self) -> dict[str, str]:
+        if self.predicted_ttft_s is None:
+            return {}
+        return {PREDICTED_TTFT_HEADER: f"{self.predicted_ttft_s * 1000:.1f}"}
 
 
 def require_ready(state: GatewayState) -> None:
@@ -201,4 +211,6 @@ async def admit(
         log.error("enqueue_failed", status=str(status))
         raise APIError.internal()
     structlog.contextvars.bind_contextvars(job_id=job_id, request_class=request_class.value)
-    return Admitted(job_id, request_class, payload, enqueue_ms, deadline_ms)
+    return Admitted(
+        job_id, request_class, payload, enqueue_ms, deadline_ms, decision.predicted_ttft_s
+    )

@@ -8,16 +8,19 @@ scrape never waits on Redis.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from engine.step_record import LoadSnapshot
+from engine.step_record import LoadSnapshot, StepRecord
 from policies.request_class import RequestClass
 
 LATENCY_BUCKETS_S = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300)
+LOOP_LAG_BUCKETS_S = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5)
+# The loop-lag probe sleeps this long and records how much later than asked it woke up.
+LOOP_LAG_PROBE_INTERVAL_S = 0.01
 
 
 class Metrics:
@@ -70,7 +73,23 @@ class Metrics:
             registry=self.registry,
         )
 
+        self.loop_lag_s = Histogram(
+            "mixgate_event_loop_lag_seconds",
+            f"How late a {LOOP_LAG_PROBE_INTERVAL_S * 1000:g} ms sleep on the event loop wakes",
+            buckets=LOOP_LAG_BUCKETS_S,
+            registry=self.registry,
+        )
         self.registry.register(_RuntimeCollector())
+
+    async def probe_loop_lag(self, interval_s: float = LOOP_LAG_PROBE_INTERVAL_S) -> None:
+        """Forever: sleep `interval_s`, observe how late the wake-up came. Whatever holds the
+        loop (a handler's CPU work, the engine thread holding the GIL) shows up here; it is
+        the delay every ready task, a token waiting to be written included, sees."""
+        loop = asyncio.get_running_loop()
+        while True:
+            asked_s = loop.time() + interval_s
+            await asyncio.sleep(interval_s)
+            self.loop_lag_s.observe(max(0.0, loop.time() - asked_s))
 
     def observe_timings(self, request_class: RequestClass, timings: dict[str, object]) -> None:
         label = request_class.value
@@ -91,9 +110,13 @@ class Metrics:
         self,
         engine_load: Callable[[], LoadSnapshot | None],
         queue_depths: Callable[[], dict[RequestClass, tuple[int, int]]],
+        step_records: Callable[[], Sequence[StepRecord]] | None = None,
     ) -> None:
-        """Register the scrape-time collector over the engine and the queues."""
+        """Register the scrape-time collectors over the engine, the queues and (when given)
+        the engine's recent step records."""
         self.registry.register(_StateCollector(engine_load, queue_depths))
+        if step_records is not None:
+            self.registry.register(_StepCollector(step_records))
 
     def render(self) -> bytes:
         return generate_latest(self.registry)
@@ -141,6 +164,84 @@ class _StateCollector(Collector):
             yield GaugeMetricFamily(
                 "mixgate_step_seconds", "Median recent step time", value=load.recent_step_s
             )
+
+
+def engine_step_records(engine: object) -> Sequence[StepRecord]:
+    """The recent step records of an AsyncEngine's engine (native: ``engine.history``; the
+    vLLM backend: ``engine.stats.history``), or none where it keeps no such history."""
+    inner = getattr(engine, "engine", None)
+    history = getattr(inner, "history", None) or getattr(
+        getattr(inner, "stats", None), "history", None
+    )
+    records = getattr(history, "records", None)
+    # NOTE: list() of a deque is one C call under the GIL: safe while the engine appends.
+    return list(records) if records is not None else []
+
+
+class _StepCollector(Collector):
+    """Cumulative step composition: tokens by (class, kind), and step seconds shared out by
+    each step's token share, so a scrape delta says where the engine's time went per class.
+
+    The engine keeps only a window of recent steps, so totals grow at scrape time from the
+    steps not yet seen (by step index); steps that left the window between two scrapes are
+    counted in ``mixgate_engine_steps_unseen_total`` instead of silently lost."""
+
+    def __init__(self, step_records: Callable[[], Sequence[StepRecord]]):
+        self._step_records = step_records
+        self._last_index = -1
+        self._tokens: dict[tuple[str, str], float] = {}
+        self._seconds: dict[tuple[str, str], float] = {}
+        self._steps = 0
+        self._step_seconds = 0.0
+        self._unseen = 0
+
+    def _catch_up(self) -> None:
+        new = [r for r in self._step_records() if r.step_index > self._last_index]
+        if not new:
+            return
+        if self._last_index >= 0:
+            self._unseen += max(0, new[0].step_index - self._last_index - 1)
+        for record in new:
+            total = record.num_tokens
+            self._steps += 1
+            self._step_seconds += record.duration_s
+            for (request_class, kind), tokens in record.tokens_by_kind.items():
+                key = (request_class.value, kind)
+                self._tokens[key] = self._tokens.get(key, 0.0) + tokens
+                share = tokens / total if total else 0.0
+                self._seconds[key] = self._seconds.get(key, 0.0) + record.duration_s * share
+        self._last_index = new[-1].step_index
+
+    def collect(self) -> Iterable[Metric]:
+        self._catch_up()
+        tokens = CounterMetricFamily(
+            "mixgate_engine_step_tokens",
+            "Tokens engine steps carried, by class and kind (prefill | decode)",
+            labels=["class", "kind"],
+        )
+        seconds = CounterMetricFamily(
+            "mixgate_engine_step_class_seconds",
+            "Engine step seconds shared out by each step's token share, by class and kind",
+            labels=["class", "kind"],
+        )
+        for key in sorted(self._tokens):
+            tokens.add_metric(list(key), self._tokens[key])
+            seconds.add_metric(list(key), self._seconds[key])
+        yield tokens
+        yield seconds
+        yield CounterMetricFamily(
+            "mixgate_engine_observed_steps", "Engine steps seen in the record", value=self._steps
+        )
+        yield CounterMetricFamily(
+            "mixgate_engine_observed_step_seconds",
+            "Seconds of the engine steps seen in the record",
+            value=self._step_seconds,
+        )
+        yield CounterMetricFamily(
+            "mixgate_engine_steps_unseen",
+            "Engine steps that left the record between two scrapes",
+            value=self._unseen,
+        )
 
 
 class _RuntimeCollector(Collector):

@@ -88,7 +88,7 @@ async def chat_completions(request: Request) -> Response:
         return StreamingResponse(
             _sse(state, admitted, listener, principal.tenant, timings),
             media_type="text/event-stream",
-            headers=SSE_HEADERS,
+            headers={**SSE_HEADERS, **admitted.prediction_headers},
         )
     return await _complete(state, admitted, listener, principal.tenant)
 

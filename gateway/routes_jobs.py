@@ -64,7 +64,9 @@ async def _create_job(request: Request, state: GatewayState, principal: Principa
     record = await state.store.get_job(admitted.job_id, principal.tenant)
     assert record is not None
     return JSONResponse(
-        job_object(record), status_code=202, headers={"Location": f"/v1/jobs/{record.job_id}"}
+        job_object(record),
+        status_code=202,
+        headers={"Location": f"/v1/jobs/{record.job_id}", **admitted.prediction_headers},
     )
 
 
