@@ -5,10 +5,9 @@ restarted from its AOF (`appendfsync always`) on the same port and folder, under
 from __future__ import annotations
 
 import shutil
-import statistics
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -89,8 +88,11 @@ def wait_ready(server: ServerProcess, ready: bool, timeout_s: float = 15.0) -> d
         time.sleep(0.02)
 
 
-def refused_fast(server: ServerProcess, model: str, job_id: str, count: int) -> list[float]:
-    """Send `count` requests of every kind; each must be a 503 in OpenAI's shape (1 s timeout)."""
+def refused_at_once(server: ServerProcess, model: str, job_id: str, count: int) -> None:
+    """Send `count` requests of every kind while the gateway knows Redis is down: each must be
+    the flag's answer (503 `redis_unavailable`, Retry-After 1), not a wait on a socket that
+    ends in a timeout or a 500. The client's bound is generous: a hang fails, speed does not
+    (how fast the answer comes is for a benchmark)."""
     chat = {"model": model, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4}
     calls = [
         ("POST", "/v1/chat/completions", chat),
@@ -99,21 +101,18 @@ def refused_fast(server: ServerProcess, model: str, job_id: str, count: int) -> 
         ("GET", "/v1/jobs", None),
         ("DELETE", f"/v1/jobs/{job_id}", None),
     ]
-    latencies_s = []
-    with httpx.Client(base_url=server.url, timeout=1.0) as client:
+    with httpx.Client(base_url=server.url, timeout=30.0) as client:
         for i in range(count):
             method, path, body = calls[i % len(calls)]
-            started = time.perf_counter()
             response = client.request(method, path, json=body)
-            latencies_s.append(time.perf_counter() - started)
             assert response.status_code == 503, (method, path, response.text)
             error = response.json()["error"]
             assert set(error) == {"message", "type", "code", "param"}
-            assert error["type"] == "service_unavailable" and response.headers["retry-after"]
-    return latencies_s
+            assert (error["type"], error["code"]) == ("service_unavailable", "redis_unavailable")
+            assert response.headers["retry-after"] == "1", (method, path)
 
 
-def test_redis_unreachable_fails_fast_and_in_flight_work_lands_when_it_returns(
+def test_redis_unreachable_is_refused_with_503_and_in_flight_work_lands_when_it_returns(
     server: tuple[ServerProcess, str], redis_proc: DurableRedis
 ) -> None:
     proc, prefix = server
@@ -125,48 +124,71 @@ def test_redis_unreachable_fails_fast_and_in_flight_work_lands_when_it_returns(
         assert time.monotonic() < deadline
         time.sleep(0.01)
     client.close()
+    outage_started_ms = int(time.time() * 1000)
     redis_proc.stop(kill=False)
     assert "redis unreachable" in wait_ready(proc, ready=False)["reasons"]
-    latencies_s = refused_fast(proc, model, jobs[0], 20)
+    refused_at_once(proc, model, jobs[0], 20)
     # The engine keeps going without Redis: its work ends there, and waits to be written.
-    deadline = time.monotonic() + 30
+    deadline = time.monotonic() + 60
     while metric(proc, "mixgate_engine_running") > 0:
         assert time.monotonic() < deadline
         time.sleep(0.05)
     redis_proc.restart()
-    wait_ready(proc, ready=True)
+    wait_ready(proc, ready=True, timeout_s=60.0)
     client = redis_client(redis_proc.url)
     try:
         done = wait_terminal(client, prefix, jobs, 60)
         assert {f["status"] for f in done.values()} == {"completed"}, proc.logs()
         assert {f["attempts"] for f in done.values()} == {"1"}
         assert ledger(client, prefix, jobs) == ({"completed": len(jobs)}, [])
+        # At least one job met the outage: its result was written after Redis went down (it
+        # could only be written once Redis was back), by the attempt that was running then.
+        finished_ms = [int(f["finished_ms"]) for f in done.values()]
+        assert max(finished_ms) >= outage_started_ms, (finished_ms, outage_started_ms)
     finally:
         client.close()
-    print(f"\n503 while redis is down: median {statistics.median(latencies_s) * 1000:.1f} ms")
 
 
 class Submitter(threading.Thread):
-    """Submits jobs until told to stop; keeps the ids of the accepted ones (202)."""
+    """Submits jobs until told to stop; keeps the ids of the accepted ones (202) and counts
+    the 503s. NOTE: no assert here: one would only end this thread, and the test would wait
+    on it until the pytest timeout; anything unexpected goes to `failures`, which the test
+    asserts on."""
 
     def __init__(self, server: ServerProcess, model: str) -> None:
         super().__init__(daemon=True)
         self.server, self.model = server, model
         self.accepted: list[str] = []
         self.refused = 0
+        self.failures: list[str] = []
         self.stop_event = threading.Event()
 
     def run(self) -> None:
         body = {"model": self.model, "messages": [{"role": "user", "content": "x"}]}
-        with httpx.Client(base_url=self.server.url, timeout=5) as client:
-            while not self.stop_event.is_set():
-                response = client.post("/v1/jobs", json={**body, "max_tokens": 40})
-                if response.status_code == 202:
-                    self.accepted.append(response.json()["id"])
-                else:
-                    assert response.status_code == 503, response.text
-                    self.refused += 1
-                time.sleep(0.01)
+        try:
+            with httpx.Client(base_url=self.server.url, timeout=30.0) as client:
+                while not self.stop_event.is_set():
+                    response = client.post("/v1/jobs", json={**body, "max_tokens": 40})
+                    if response.status_code == 202:
+                        self.accepted.append(response.json()["id"])
+                    elif response.status_code == 503:
+                        self.refused += 1
+                    else:
+                        self.failures.append(f"{response.status_code}: {response.text}")
+                        return
+                    # Pacing, not synchronisation: keeps the loop from flooding the queue.
+                    time.sleep(0.01)
+        except Exception as error:  # noqa: BLE001 - reported by the test, not lost with the thread
+            self.failures.append(repr(error))
+
+    def wait_until(self, condition: Callable[[], bool], what: str, timeout_s: float = 60) -> None:
+        """Poll `condition` (bounded); fail at once if the thread reported a failure or died."""
+        deadline = time.monotonic() + timeout_s
+        while not condition():
+            assert not self.failures, self.failures
+            assert self.is_alive(), f"the submitter ended before {what}"
+            assert time.monotonic() < deadline, f"timed out waiting for {what}"
+            time.sleep(0.01)
 
 
 def test_redis_sigkill_and_restart_loses_no_accepted_job(
@@ -176,16 +198,21 @@ def test_redis_sigkill_and_restart_loses_no_accepted_job(
     model = model_name(proc)
     submitter = Submitter(proc, model)
     submitter.start()
-    while len(submitter.accepted) < 20:
-        time.sleep(0.01)
-    redis_proc.stop(kill=True)
-    time.sleep(0.5)
-    redis_proc.restart()
-    wait_ready(proc, ready=True)
-    while len(submitter.accepted) < 40:
-        time.sleep(0.01)
-    submitter.stop_event.set()
-    submitter.join(10)
+    try:
+        submitter.wait_until(lambda: len(submitter.accepted) >= 20, "20 accepted jobs")
+        redis_proc.stop(kill=True)
+        # Keep Redis down until a submission has met the outage (a 503), instead of a fixed
+        # sleep that hoped one would.
+        submitter.wait_until(lambda: submitter.refused >= 1, "a 503 while Redis is down")
+        redis_proc.restart()
+        wait_ready(proc, ready=True, timeout_s=60.0)
+        target = len(submitter.accepted) + 20
+        submitter.wait_until(lambda: len(submitter.accepted) >= target, "20 more accepted jobs")
+    finally:
+        submitter.stop_event.set()
+        submitter.join(60)
+    assert not submitter.is_alive() and not submitter.failures, submitter.failures
+    assert submitter.refused >= 1
     client = redis_client(redis_proc.url)
     try:
         accepted = submitter.accepted
@@ -194,7 +221,6 @@ def test_redis_sigkill_and_restart_loses_no_accepted_job(
         assert outcomes == {"completed": len(accepted)} and twice == [], outcomes
     finally:
         client.close()
-    print(f"\nredis restart: {len(accepted)} accepted, {submitter.refused} refused with 503")
 
 
 def test_aof_is_on_with_fsync_always(redis_proc: DurableRedis) -> None:
