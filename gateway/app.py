@@ -132,9 +132,7 @@ def create_app(settings: Settings, *, redis_client: aioredis.Redis | None = None
         try:
             yield
         finally:
-            state.draining = True
-            if state.dispatcher is not None:
-                await state.dispatcher.stop(settings.drain_timeout_s)
+            await begin_drain(state)
             for task in tasks:
                 task.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
@@ -153,6 +151,24 @@ def create_app(settings: Settings, *, redis_client: aioredis.Redis | None = None
     )
     app.state.gw = state
     return app
+
+
+def begin_drain(state: GatewayState) -> asyncio.Task[None]:
+    """Start the drain once: not ready, stop claiming, local jobs get drain_timeout_s.
+
+    NOTE: `mixgate serve` calls this on SIGTERM itself, before uvicorn waits for open
+    connections (SSE streams) to close; waiting for the lifespan's shutdown would let the
+    dispatcher claim new work all that while, and the drain could take twice its time.
+    """
+    if state.drain_task is None:
+        state.draining = True
+        state.drain_task = asyncio.get_running_loop().create_task(_drain(state), name="drain")
+    return state.drain_task
+
+
+async def _drain(state: GatewayState) -> None:
+    if state.dispatcher is not None:
+        await state.dispatcher.stop(state.settings.drain_timeout_s)
 
 
 def _pool(settings: Settings, **where: str) -> aioredis.BlockingConnectionPool:

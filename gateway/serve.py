@@ -3,9 +3,13 @@
 from __future__ import annotations
 
 import argparse
+import asyncio
 import signal
+import socket
 import sys
+from collections.abc import Callable
 from pathlib import Path
+from types import FrameType
 
 import uvicorn
 
@@ -80,22 +84,41 @@ def run_serve(args: argparse.Namespace) -> int:
             print(f"mixgate serve --engine vllm: {error}", file=sys.stderr)
             return 2
     # NOTE: imported here: the app pulls in torch; `mixgate --help` builds this parser.
-    from gateway.app import create_app
+    from gateway.app import begin_drain, create_app
 
     app = create_app(settings)
     # NOTE: uvicorn drains on SIGTERM, then re-raises the signal to the handler that was in
     # place before it; a no-op handler makes a drained shutdown exit 0, as orchestrators expect.
     signal.signal(signal.SIGTERM, lambda signum, frame: None)
-    uvicorn.run(
+    config = uvicorn.Config(
         app,
         host=settings.host,
         port=settings.port,
-        # uvloop and httptools (uvicorn[standard]) instead of asyncio's loop and h11: the
-        # event loop shares its interpreter with the engine, so its per-request cost is chat's.
-        loop="uvloop",
-        http="httptools",
         log_config=None,
         access_log=False,  # RequestIdMiddleware logs one line per request, with its id
         timeout_graceful_shutdown=int(settings.drain_timeout_s) + 5,
     )
-    return 0
+    state = app.state.gw
+    server = _DrainingServer(config, lambda: begin_drain(state))
+    server.run()
+    # uvicorn.run's convention: 3 when the app never started (e.g. its lifespan refused).
+    return 0 if server.started else 3
+
+
+class _DrainingServer(uvicorn.Server):
+    """uvicorn's server, but a SIGTERM starts the gateway's drain at once (app.begin_drain)."""
+
+    def __init__(self, config: uvicorn.Config, on_exit_signal: Callable[[], object]) -> None:
+        super().__init__(config)
+        self._on_exit_signal = on_exit_signal
+        self._loop: asyncio.AbstractEventLoop | None = None
+
+    async def serve(self, sockets: list[socket.socket] | None = None) -> None:
+        self._loop = asyncio.get_running_loop()
+        await super().serve(sockets)
+
+    def handle_exit(self, sig: int, frame: FrameType | None) -> None:
+        super().handle_exit(sig, frame)
+        if self._loop is not None and not self._loop.is_closed():
+            # A signal handler runs between two bytecodes: hand the work to the loop.
+            self._loop.call_soon_threadsafe(self._on_exit_signal)

@@ -46,6 +46,8 @@ class GatewayState:
     engine_ready: bool = False
     redis_ok: bool = False
     draining: bool = False
+    # The drain under way (gateway.app.begin_drain), awaited by the lifespan's shutdown.
+    drain_task: asyncio.Task[None] | None = None
     # Why the engine could not start (the service then stays unready and says so).
     startup_error: str | None = None
     # Why a started engine stopped running (its process died), for /readyz.
