@@ -8,7 +8,6 @@ them) and ends the started streams with an error event that S's SSE clients rece
 from __future__ import annotations
 
 import dataclasses
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -67,8 +66,8 @@ def test_sigkill_of_a_replica_mid_run(pair: Pair) -> None:
     assert all(r.first_token.wait(30) for r in readers)
     assert all(r.failure is None and r.job_id for r in readers), [r.errors for r in readers]
     held = wait_until_running_on(pair.redis, pair.prefix, jobs, "V")
+    assert held  # V ran some of the jobs when it was killed
     pair.v.kill()
-    killed_s = time.monotonic()
 
     # Started streams end with a clear error event, then [DONE], on the surviving replica.
     for reader in readers:
@@ -76,7 +75,6 @@ def test_sigkill_of_a_replica_mid_run(pair: Pair) -> None:
         assert not reader.is_alive() and reader.failure is None
         assert [e["code"] for e in reader.errors] == ["lease_lost_after_first_token"]
         assert reader.errors[0]["type"] == "server_error" and reader.done
-    ended_after_s = time.monotonic() - killed_s
 
     done = wait_terminal(pair.redis, pair.prefix, jobs, 120)
     assert {f["status"] for f in done.values()} == {"completed"}, pair.s.logs()
@@ -85,4 +83,3 @@ def test_sigkill_of_a_replica_mid_run(pair: Pair) -> None:
     outcomes, twice = ledger(pair.redis, pair.prefix, [*jobs, *chats])
     # accepted = completed + failed + expired + cancelled, and nothing completed twice.
     assert outcomes == {"completed": len(jobs), "failed": len(chats)} and twice == []
-    print(f"\nsigkill: streams ended {ended_after_s:.2f} s after the kill; {len(held)} requeued")

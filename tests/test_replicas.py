@@ -7,7 +7,6 @@ its tokens cross replicas through the Redis stream, and a cancel sent to A has t
 
 from __future__ import annotations
 
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -34,7 +33,9 @@ from tests.replica_cluster import (
 )
 
 pytestmark = [pytest.mark.redis, pytest.mark.slow]
-DRAIN_TIMEOUT_S = 1.0
+# No drain time: whatever A runs at its SIGTERM is handed back at once, so the takeover by B
+# is what the SIGTERM test sees on any CPU (with 1 s, a fast one could finish A's jobs).
+DRAIN_TIMEOUT_S = 0.0
 
 
 class Cluster:
@@ -52,7 +53,6 @@ def cluster(
     prefix = cluster_prefix()
     # Two slots per replica for bulk: a backlog of jobs cannot all fit on one replica.
     envelope = small_envelope(tmp, max_active_seqs=3, reserved=1)
-    # A short drain, so the SIGTERM test sees A hand work back rather than finish it all.
     env = {"MIXGATE_DRAIN_TIMEOUT_S": str(DRAIN_TIMEOUT_S)}
     a = replica(
         tiny_model_dir, redis_server, prefix, tmp, "A", claim="bulk", envelope=envelope, **env
@@ -126,18 +126,19 @@ def test_delete_sent_to_a_cancels_a_stream_running_on_b(cluster: Cluster) -> Non
 def test_sigterm_drains_and_exits_0_while_the_other_replica_takes_over(cluster: Cluster) -> None:
     """Last in this module: it stops A (B finishes what A hands back)."""
     jobs = submit_jobs(cluster.b, cluster.model, 8, 900, "drain")
-    wait_until_running_on(cluster.redis, cluster.prefix, jobs, "A")
+    held = wait_until_running_on(cluster.redis, cluster.prefix, jobs, "A")
     assert cluster.a.process is not None
-    started_s = time.monotonic()
     cluster.a.process.terminate()
-    exit_code = cluster.a.process.wait(DRAIN_TIMEOUT_S + 30)
-    drained_s = time.monotonic() - started_s
+    exit_code = cluster.a.process.wait(DRAIN_TIMEOUT_S + 60)
     assert exit_code == 0, cluster.a.logs()
     assert not running_on(cluster.redis, cluster.prefix, jobs, "A")
     done = wait_terminal(cluster.redis, cluster.prefix, jobs, 120)
     assert {f["status"] for f in done.values()} == {"completed"}
     outcomes, twice = ledger(cluster.redis, cluster.prefix, jobs)
     assert outcomes == {"completed": len(jobs)} and twice == []
-    print(
-        f"\nsigterm: exit 0 after {drained_s:.2f} s; attempts {[done[i]['attempts'] for i in jobs]}"
-    )
+    # B took over what A ran: a job A held at the SIGTERM was handed back and completed by B
+    # on its second attempt (or, only if it ended in the instant before, by A on its first).
+    took_over = [i for i in held if (done[i]["replica"], done[i]["attempts"]) == ("B", "2")]
+    assert took_over, {i: (done[i]["replica"], done[i]["attempts"]) for i in held}
+    assert all((done[i]["replica"], done[i]["attempts"]) in {("A", "1"), ("B", "2")} for i in held)
+    assert all(f["replica"] == "B" or f["attempts"] == "1" for f in done.values())
