@@ -111,8 +111,14 @@ class PagedAttention:
         kv_heads, head_dim = k_cache.shape[2], k_cache.shape[3]
         k_cache.view(-1, kv_heads, head_dim).index_copy_(0, self.meta.slot_mapping, k)
         v_cache.view(-1, kv_heads, head_dim).index_copy_(0, self.meta.slot_mapping, v)
-        out = torch.empty_like(q)
         meta = self.meta
+        # One decode group or one prefill span covering the batch: its output is the answer
+        # (no empty buffer, no copy into it).
+        if len(meta.decodes) + len(meta.prefills) == 1:
+            if meta.decodes:
+                return self._decode(q, k_cache, v_cache, meta.decodes[0])
+            return self._prefill(q, k, v, k_cache, v_cache, meta.prefills[0])
+        out = torch.empty_like(q)
         for group in meta.decodes:
             rows = slice(group.row_start, group.row_end)
             out[rows] = self._decode(q[rows], k_cache, v_cache, group)

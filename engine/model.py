@@ -46,11 +46,13 @@ class Attention(nn.Module):
         self.o_proj = nn.Linear(q_size, config.hidden_size, bias=config.o_proj_bias)
 
     def forward(self, rope: RotaryTables, x: torch.Tensor, attn: AttentionBackend) -> torch.Tensor:
-        q, k, v = self.qkv_proj(x).split(self.split_sizes, dim=-1)
-        q = q.view(-1, self.num_heads, self.head_dim)
-        k = k.view(-1, self.num_kv_heads, self.head_dim)
-        v = v.view(-1, self.num_kv_heads, self.head_dim)
-        q, k = rope.apply(q, k)
+        qkv = self.qkv_proj(x)
+        q_size, kv_size = self.split_sizes[0], self.split_sizes[1]
+        # q and k rotate together (one view over both, one set of ops), then split.
+        qk = qkv[:, : q_size + kv_size].view(-1, self.num_heads + self.num_kv_heads, self.head_dim)
+        qk = rope.apply(qk)
+        q, k = qk[:, : self.num_heads], qk[:, self.num_heads :]
+        v = qkv[:, q_size + kv_size :].view(-1, self.num_kv_heads, self.head_dim)
         out = attn.attend(self.layer, q, k, v)
         projected: torch.Tensor = self.o_proj(out.reshape(-1, self.num_heads * self.head_dim))
         return projected

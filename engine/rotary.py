@@ -61,19 +61,19 @@ class RotaryEmbedding(torch.nn.Module):
         """cos/sin rows for a step's positions; computed once per step, shared by every layer."""
         cos = self.cos[positions].unsqueeze(1).to(dtype)
         sin = self.sin[positions].unsqueeze(1).to(dtype)
-        return RotaryTables(cos, sin)
+        half = sin.shape[-1] // 2
+        # rotate_half(x) * sin == roll(x, half) * [-sin_1, sin_2]: the sign moves onto the
+        # table (exact: negation commutes with rounding), so a layer needs no neg and no cat.
+        signed_sin = torch.cat((-sin[..., :half], sin[..., half:]), dim=-1)
+        return RotaryTables(cos, signed_sin)
 
 
 class RotaryTables(NamedTuple):
     cos: torch.Tensor  # [T, 1, head_dim]
-    sin: torch.Tensor
+    signed_sin: torch.Tensor  # [T, 1, head_dim], first half negated
 
-    def apply(self, q: torch.Tensor, k: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """q: [T, heads, head_dim], k: [T, kv_heads, head_dim] -> rotated copies."""
-        cos, sin = self.cos, self.sin
-        return q * cos + _rotate_half(q) * sin, k * cos + _rotate_half(k) * sin
-
-
-def _rotate_half(x: torch.Tensor) -> torch.Tensor:
-    half = x.shape[-1] // 2
-    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+    def apply(self, x: torch.Tensor) -> torch.Tensor:
+        """x: [T, heads, head_dim] (q and k side by side) -> a rotated copy."""
+        half = x.shape[-1] // 2
+        rotated: torch.Tensor = x * self.cos + x.roll(half, dims=-1) * self.signed_sin
+        return rotated
