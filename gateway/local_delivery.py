@@ -26,7 +26,7 @@ import asyncio
 import contextlib
 import enum
 import weakref
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator
 from typing import TYPE_CHECKING, Any
 
 import structlog
@@ -91,7 +91,7 @@ class Listener:
 
     # -- the handler's side -------------------------------------------------------------------
 
-    async def events(self) -> AsyncIterator[StreamEvent]:
+    async def events(self) -> AsyncGenerator[StreamEvent, None]:
         """Every event of the job, from whichever place it comes, up to the last one."""
         if self._reader is None:
             self._reader = asyncio.create_task(self._read_stream(), name=f"read-{self.job_id}")

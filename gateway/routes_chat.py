@@ -118,7 +118,7 @@ async def _events(state: GatewayState, listener: Listener) -> AsyncIterator[Stre
             if event.is_last:
                 return
     finally:
-        await events.aclose()  # type: ignore[attr-defined]
+        await events.aclose()
 
 
 async def _cancel(state: GatewayState, job_id: str, tenant: str) -> None:

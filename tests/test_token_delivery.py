@@ -390,3 +390,52 @@ async def test_a_local_listener_gets_every_event_in_process_and_a_late_one_from_
         deltas = [e.data for e in events if e.kind == DELTA]
         assert "".join(d["text"] for d in deltas) == expected_text
         assert [t for d in deltas for t in d["token_ids"]] == expected_ids
+
+
+async def _wait_marked(client: aioredis.Redis, keys: Keys, job_id: str) -> None:
+    """Until the job's first token is recorded (bounded: a hang fails, speed does not)."""
+    async with asyncio.timeout(30):
+        while await client.hget(keys.job(job_id), "tokens_sent") != "1":
+            await asyncio.sleep(0.01)
+
+
+async def test_a_local_attempt_that_loses_its_lease_hands_its_listener_back_to_redis(
+    aclient: aioredis.Redis, keys: Keys, engine: AsyncEngine
+) -> None:
+    store = QueueStore(aclient, keys)
+    streams = TokenStreams(aclient, keys.out, ttl_s=60)
+    now_ms = [int(time.time() * 1000)]
+    lease_ms = 60_000
+    config = DispatcherConfig(
+        replica_id="r1",
+        max_active_by_class={RequestClass.INTERACTIVE: 1, RequestClass.BULK: 1},
+        lease_ms=lease_ms,
+        # The lease loop's own rounds are far apart; the test drives renew_leases() itself.
+        renew_interval_ms=30_000,
+        reclaim_interval_ms=3_600_000,
+    )
+    dispatcher = Dispatcher(
+        store, streams, engine, config, redis=aclient, clock_ms=lambda: now_ms[0]
+    )
+    job_id = await _admit_chat(store, 600, tuple(engine.engine.tokenizer.encode_chat(MESSAGES)))
+    listener = streams.local.listen(job_id)
+    events = listener.events()
+    await dispatcher.start()
+    try:
+        first = await anext(events)
+        assert first.kind == DELTA and first.entry_id == ""  # in-process
+        await _wait_marked(aclient, keys, job_id)
+        # This replica stalls past its lease: a sweep fails the started stream (it told the
+        # stream, in Redis), and the next renewal finds the lease gone.
+        now_ms[0] += lease_ms + 1
+        assert (await dispatcher.reclaim_lapsed()).failed_ids == (job_id,)
+        await dispatcher.renew_leases()
+        rest = await _collect(events)
+    finally:
+        streams.local.forget(listener)
+        await dispatcher.stop(drain_timeout_s=20.0)
+    assert {e.kind for e in rest[:-1]} <= {DELTA}
+    assert (rest[-1].kind, rest[-1].data["code"]) == ("error", "lease_lost_after_first_token")
+    # The fenced attempt wrote nothing to the stream; the sweep wrote its one last event.
+    entries: Any = await aclient.xrange(keys.out(job_id))
+    assert [f["e"] for _, f in entries] == ["error"]
