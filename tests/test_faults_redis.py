@@ -15,6 +15,7 @@ import httpx
 import pytest
 
 from bench.processes import ServerProcess, start_redis, stop_process
+from tests.dependencies import missing_dependency
 from tests.replica_cluster import (
     cluster_prefix,
     ledger,
@@ -35,7 +36,7 @@ class DurableRedis:
     def __init__(self, folder: Path) -> None:
         binary = shutil.which("redis-server")
         if binary is None:
-            pytest.skip("redis-server is not on PATH")
+            missing_dependency("redis-server is not on PATH (apt-get install -y redis-server)")
         self.binary, self.folder = binary, folder
         self.process, self.port = start_redis(binary, folder, durable=True)
 

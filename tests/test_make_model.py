@@ -12,6 +12,7 @@ from engine.make_model import PRESET_NAMES, SAFETENSORS_INDEX, make_model, split
 from engine.model_config import ModelConfig
 from engine.presets import PRESETS, ModelPreset, get_preset
 from engine.tokenizer_builder import IM_END, VOCAB_SIZE, special_token_id
+from tests.dependencies import require_module
 
 # Expected parameter ranges per preset (the name promises a size; keep it honest).
 PARAM_RANGES = {
@@ -184,7 +185,7 @@ def test_bad_arguments_raise(tmp_path: Path) -> None:
 
 
 def test_transformers_loads_config_and_weights(tiny_dir: Path, tmp_path: Path) -> None:
-    transformers = pytest.importorskip("transformers")
+    transformers = require_module("transformers")
     config = transformers.AutoConfig.from_pretrained(tiny_dir)
     assert config.model_type == "llama"
     assert config.num_key_value_heads == 2

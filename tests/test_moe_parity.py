@@ -17,6 +17,7 @@ from engine.make_model import make_model
 from engine.request import GenerationRequest
 from engine.sampling_params import SamplingParams
 from policies.request_class import RequestClass
+from tests.dependencies import require_module
 from tests.test_engine_exactness import first_divergence_is_near_tie, random_prompts
 from tests.test_engine_exactness import reference_greedy as dense_greedy
 from tests.test_transformers_parity import (
@@ -28,7 +29,7 @@ from tests.test_transformers_parity import (
     _theirs,
 )
 
-transformers = pytest.importorskip("transformers")
+transformers = require_module("transformers")
 
 DECODE_STEPS = 6
 

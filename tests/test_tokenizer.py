@@ -18,6 +18,7 @@ from engine.tokenizer_builder import (
     special_token_id,
     write_tokenizer,
 )
+from tests.dependencies import require_module
 
 CONVERSATIONS: list[list[dict[str, Any]]] = [
     [{"role": "user", "content": "hi"}],
@@ -129,7 +130,7 @@ def test_none_values_are_dropped(tok: Tokenizer) -> None:
 
 
 def test_transformers_agrees(folder: Path, tok: Tokenizer) -> None:
-    transformers = pytest.importorskip("transformers")
+    transformers = require_module("transformers")
     hf = transformers.AutoTokenizer.from_pretrained(folder)
     assert len(hf) == tok.vocab_size
     assert hf.eos_token_id == 258
@@ -145,7 +146,7 @@ def test_transformers_agrees(folder: Path, tok: Tokenizer) -> None:
 
 
 def test_other_template_renders_like_transformers(folder: Path, tmp_path: Path) -> None:
-    transformers = pytest.importorskip("transformers")
+    transformers = require_module("transformers")
     other = _copy(folder, tmp_path / "llama3ish")
     _edit_config(
         other,

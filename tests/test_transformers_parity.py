@@ -19,8 +19,9 @@ from safetensors.torch import load_file, save_file
 from engine.make_model import SAFETENSORS_INDEX, make_model
 from engine.model import LlamaModel
 from engine.weights import load_model
+from tests.dependencies import require_module
 
-transformers = pytest.importorskip("transformers")
+transformers = require_module("transformers")
 
 CPU = torch.device("cpu")
 # Prompts of different lengths (1 token, a short one, and one past the llama3 rope's

@@ -18,6 +18,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.dependencies import missing_dependency
+
 ROOT = Path(__file__).resolve().parents[1]
 VLLM_PYTHON = ROOT / ".venv-vllm" / "bin" / "python"
 INSIDE_TESTS = 5
@@ -43,9 +45,7 @@ def test_engine_vllm_without_vllm_exits_at_start_with_the_install_hint(tmp_path:
 @pytest.mark.timeout(900)
 def test_vllm_suite_passes_inside_the_vllm_environment() -> None:
     if not VLLM_PYTHON.is_file():
-        if os.environ.get("CI"):
-            pytest.fail(".venv-vllm is missing and CI is set: .ci/run must run scripts/setup-vllm")
-        pytest.skip(".venv-vllm is missing (scripts/setup-vllm makes it)")
+        missing_dependency(".venv-vllm is missing (scripts/setup-vllm makes it; .ci/run runs it)")
     result = subprocess.run(
         [str(VLLM_PYTHON), "-m", "pytest", "tests/vllm_inside", "-q", "-p", "no:cacheprovider"],
         cwd=ROOT,

@@ -15,7 +15,9 @@ from pathlib import Path
 
 import pytest
 
-pytest.importorskip("vllm", reason="run with the vLLM environment's python (.venv-vllm)")
+from tests.dependencies import require_module
+
+require_module("vllm", "run with the vLLM environment's python (.venv-vllm)")
 
 from engine.config import EngineConfig  # noqa: E402
 from engine.llm_engine import LLMEngine  # noqa: E402

@@ -16,7 +16,9 @@ from pathlib import Path
 import httpx
 import pytest
 
-pytest.importorskip("vllm", reason="run with the vLLM environment's python (.venv-vllm)")
+from tests.dependencies import require_module
+
+require_module("vllm", "run with the vLLM environment's python (.venv-vllm)")
 
 from bench.processes import ServerProcess  # noqa: E402
 from engine.make_model import make_model  # noqa: E402
