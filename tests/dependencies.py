@@ -18,7 +18,8 @@ __all__ = ["missing_dependency", "require_module", "under_ci"]
 
 
 def under_ci() -> bool:
-    return os.environ.get("CI") == "true"
+    """CI=true (as .ci/run sets it); any other value that CI services use for yes counts."""
+    return os.environ.get("CI", "").strip().lower() not in ("", "0", "false", "no")
 
 
 def missing_dependency(reason: str) -> NoReturn:

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import socket
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -153,13 +152,14 @@ def test_slow_loris_body_times_out_and_others_are_served(server: ServerProcess, 
     with socket.create_connection(("127.0.0.1", server.port), timeout=15) as sock:
         sock.sendall(head)
         reply = b""
-        started = time.monotonic()
+        sent = 0
         # A byte every 0.2 s: the whole body would take many times the read timeout.
         for byte in body:
             try:
                 sock.sendall(bytes([byte]))
             except OSError:
                 break  # the server hung up on us: fine too
+            sent += 1
             # Meanwhile the server serves everyone else.
             assert httpx.get(server.url + "/healthz", timeout=5).status_code == 200
             sock.settimeout(0.2)
@@ -169,7 +169,9 @@ def test_slow_loris_body_times_out_and_others_are_served(server: ServerProcess, 
                 continue
             if reply:
                 break
-            assert time.monotonic() - started < 15
+        # The server gave up on the body before it was whole (the verdict is that, not a
+        # wall-time bound: the loop itself is bounded by the body's length).
+        assert sent < len(body), "the whole body went through without a timeout"
         # The headers and the body may arrive in separate segments: read the whole response.
         reply = _read_whole_response(sock, reply)
     assert reply.startswith(b"HTTP/1.1 408"), reply[:200]
