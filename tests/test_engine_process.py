@@ -172,3 +172,13 @@ def test_engine_death_unready_streams_end_jobs_complete_once_after_restart(
         store.close()
     assert wait_gone([engine_pid], 10) == []
     print(f"\nengine death: /readyz 503 after {unready_after_s:.3f} s; {len(held)} requeued")
+
+
+@pytest.mark.anyio
+async def test_a_child_that_cannot_load_the_model_fails_start_and_exits(tmp_path: Path) -> None:
+    (tmp_path / "config.json").write_text("{}")  # no weights, no tokenizer
+    client = EngineCoreClient(tmp_path, CONFIG)
+    with pytest.raises(EngineDeadError, match="did not start|failed to start"):
+        await client.start()
+    assert client.pid is not None and wait_gone([client.pid], 10) == []
+    assert not client.is_running

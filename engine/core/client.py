@@ -127,8 +127,17 @@ class EngineCoreClient:
         )
         log.info("engine_core_started", pid=self._process.pid)
         self._watch_exit(self._process)
-        ready = await self._await_ready()
-        self.engine = EngineFacade(await tokenizer, ready)
+        try:
+            ready = await self._await_ready()
+        except BaseException:
+            tokenizer.cancel()
+            await asyncio.gather(tokenizer, return_exceptions=True)
+            raise
+        try:
+            self.engine = EngineFacade(await tokenizer, ready)
+        except BaseException:
+            await self._shutdown_process()  # no child may outlive a failed start
+            raise
         self._snapshot = ready.load
         self._ready = True
         self._reader = asyncio.create_task(self._read_outputs(), name="engine-core-reader")

@@ -37,9 +37,10 @@ from engine.request import RequestOutput
 IDLE_POLL_MS = 1000
 
 
-def _log(event: str, **fields: object) -> None:
+def _log(event: str, level: str, **fields: object) -> None:
     # One JSON line on the inherited stderr, next to the gateway's own log lines.
-    sys.stderr.write(json.dumps({"event": event, "logger": "mixgate.engine_core", **fields}) + "\n")
+    line = {"event": event, "level": level, "logger": "mixgate.engine_core", **fields}
+    sys.stderr.write(json.dumps(line) + "\n")
     sys.stderr.flush()
 
 
@@ -143,10 +144,10 @@ def main(argv: list[str] | None = None) -> int:
         engine = LLMEngine(args.model_dir, EngineConfig(**json.loads(args.config_json)))
         core = EngineCore(engine, inputs, outputs)
         core.ready()
-        _log("engine_core_ready", pid=os.getpid())
+        _log("engine_core_ready", "info", pid=os.getpid())
         core.run()
     except Exception as error:  # noqa: BLE001 - the parent must hear why before we exit
-        _log("engine_core_failed", pid=os.getpid(), error=repr(error))
+        _log("engine_core_failed", "error", pid=os.getpid(), error=repr(error))
         outputs.send(output_encoder.encode(EngineFailed(repr(error))))
         code = 1
     # Let queued messages out (bounded), then leave without the interpreter's teardown:
