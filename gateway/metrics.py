@@ -8,6 +8,8 @@ scrape never waits on Redis.
 from __future__ import annotations
 
 import asyncio
+import weakref
+from collections import deque
 from collections.abc import Callable, Iterable, Sequence
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
@@ -166,9 +168,27 @@ class _StateCollector(Collector):
             )
 
 
+# Step records pushed by engines that run in their own process (engine.core.client's step
+# listener), kept per engine: the last _PUSHED_STEPS_KEPT, as a step history window would.
+_PUSHED_STEPS_KEPT = 4096
+_pushed_steps: weakref.WeakKeyDictionary[object, deque[StepRecord]] = weakref.WeakKeyDictionary()
+
+
 def engine_step_records(engine: object) -> Sequence[StepRecord]:
-    """The recent step records of an AsyncEngine's engine (native: ``engine.history``; the
-    vLLM backend: ``engine.stats.history``), or none where it keeps no such history."""
+    """An engine's recent step records: those its process pushes to its step listener (the
+    engine core client; the listener is attached on the first call), or the in-thread engine's
+    ``engine.history`` (the vLLM backend's ``engine.stats.history``); none where it keeps none.
+    """
+    if engine is None:
+        return []
+    add_listener = getattr(engine, "add_step_listener", None)
+    if add_listener is not None:
+        buffer = _pushed_steps.get(engine)
+        if buffer is None:
+            buffer = _pushed_steps[engine] = deque(maxlen=_PUSHED_STEPS_KEPT)
+            kept = buffer  # the listener holds the buffer, not the engine: no cycle to keep
+            add_listener(lambda message: kept.extend(getattr(message, "steps", ())))
+        return list(buffer)
     inner = getattr(engine, "engine", None)
     history = getattr(inner, "history", None) or getattr(
         getattr(inner, "stats", None), "history", None

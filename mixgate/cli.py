@@ -143,6 +143,11 @@ def _add_bench(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     compare = kinds.add_parser("compare", help="one workload under each policy, side by side")
     _add_live_run_arguments(compare)
     compare.add_argument("--policies", default="fcfs,priority,mixgate")
+    compare.add_argument(
+        "--slo",
+        default=None,
+        help="SLO whose TTFT/ITL bounds count goodput (default: bench/slos/chat-over-backlog.toml)",
+    )
     compare.set_defaults(handler=_bench_compare)
     sweep = kinds.add_parser("sweep", help="offered load x engine knobs, for envelope derive")
     _add_live_run_arguments(sweep)
@@ -154,6 +159,23 @@ def _add_bench(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     _add_soak(kinds)
     _add_simulation(kinds, compare, sweep)
     _add_batch_bench(kinds)
+    _add_breakdown(kinds)
+
+
+def _bench_breakdown(args: argparse.Namespace) -> int:
+    from bench.latency_breakdown import run_breakdown
+
+    return run_breakdown(args)
+
+
+def _add_breakdown(kinds: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    from bench.latency_breakdown import add_breakdown_arguments
+
+    breakdown = kinds.add_parser(
+        "breakdown", help="where chat TTFT/ITL go: queueing, engine, Redis, event-loop lag"
+    )
+    add_breakdown_arguments(breakdown)
+    breakdown.set_defaults(handler=_bench_breakdown)
 
 
 def _bench_soak(args: argparse.Namespace) -> int:
