@@ -12,7 +12,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from engine.step_record import LoadSnapshot
-from gateway.queue import AdmitStatus, NewJob, QueueDepth, QueueStore
+from gateway.coalescer import Coalescer
+from gateway.queue import AdmitResult, AdmitStatus, NewJob, QueueDepth, QueueStore
 from policies.admission import (
     AdmissionConfig,
     AdmissionDecision,
@@ -74,6 +75,17 @@ class AdmissionService:
         # Exponential average of admitted chat prompts: the size of one not yet scheduled.
         self._mean_interactive_prompt_tokens = FALLBACK_INTERACTIVE_PROMPT_TOKENS
         self.last_depths: dict[RequestClass, QueueDepth] = {}
+        # Bulk intake: the admits of one tick of arrivals go to Redis in one script call.
+        self._admits: Coalescer[NewJob, AdmitResult] = Coalescer(store.admit_many)
+
+    def _count_admitted(self, request_class: RequestClass, depth: int, cost_tokens: int) -> None:
+        # Keeps the depths fresh between watcher refreshes: a burst of submissions sees the
+        # queue it is building, not the one of the last refresh.
+        known = self.last_depths.get(request_class)
+        if known is not None:
+            self.last_depths[request_class] = QueueDepth(
+                jobs=depth, queued_tokens=known.queued_tokens + cost_tokens
+            )
 
     def rates(self) -> EngineRates:
         load = self._engine_load()
@@ -102,8 +114,13 @@ class AdmissionService:
         )
 
     async def decide(self, shape: RequestShape) -> AdmissionDecision:
-        depths = await self.store.depths()
-        self.last_depths = depths
+        # NOTE: the Redis watcher refreshes last_depths (every redis_check_interval_s) and each
+        # admit updates its class from the script's answer, so a decision reads no Redis; only
+        # the first one, before the watcher's first refresh, does. The queue bound itself is
+        # checked atomically by the admit script, whatever these numbers say.
+        if not self.last_depths:
+            self.last_depths = await self.store.depths()
+        depths = self.last_depths
         queues = {
             c: QueueState(
                 depth=depths[c].jobs,
@@ -117,9 +134,13 @@ class AdmissionService:
             shape, self.envelope.length_limits_by_class(), queues, self.rates(), self.config
         )
 
-    async def enqueue(self, job: NewJob, prompt_tokens: int) -> AdmitStatus:
-        result = await self.store.admit(job)
+    async def enqueue(
+        self, job: NewJob, prompt_tokens: int, *, batched: bool = False
+    ) -> AdmitStatus:
+        """Admit one job; `batched` (bulk intake) shares one script call with its neighbours."""
+        result = await (self._admits.call(job) if batched else self.store.admit(job))
         if result.admitted:
+            self._count_admitted(job.request_class, result.depth, job.cost_tokens)
             self._prompt_share[job.request_class].update(prompt_tokens, job.cost_tokens)
             if job.request_class is RequestClass.INTERACTIVE:
                 self._mean_interactive_prompt_tokens += _MEAN_PROMPT_WEIGHT * (

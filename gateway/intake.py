@@ -3,8 +3,10 @@ auth and rate limit, classification, tokenization, sampling settings, admission,
 
 from __future__ import annotations
 
+import asyncio
 import secrets
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 import structlog
@@ -29,6 +31,9 @@ from policies.request_class import RequestClass
 from policies.scheduling_policy import SchedulingPolicy
 
 DEADLINE_HEADER = "x-mixgate-deadline-ms"
+# Worker threads for bulk tokenizing: HF tokenizers' Rust runs beside the loop; more threads
+# than cores would only contend for the GIL the template rendering needs.
+TOKENIZE_THREADS = 2
 # Admission's predicted TTFT in ms, on every admitted chat stream and job submission.
 PREDICTED_TTFT_HEADER = "x-mixgate-predicted-ttft-ms"
 log = structlog.get_logger("mixgate.intake")
@@ -92,13 +97,46 @@ def build_payload(
     state: GatewayState, body: ChatCompletionRequest, request_class: RequestClass
 ) -> JobPayload:
     """Tokenize with the chat template and settle the decoding settings (400 on nonsense)."""
-    assert state.tokenizer is not None and state.engine is not None
+    assert state.tokenizer is not None
+    return _payload(state, body, request_class, _encode(state, body))
+
+
+async def build_payload_off_loop(
+    state: GatewayState, body: ChatCompletionRequest, request_class: RequestClass
+) -> JobPayload:
+    """`build_payload` with the chat template and tokenizer run on a worker thread.
+
+    NOTE: bulk intake only: a burst of job submissions must not hold the event loop for the
+    template and tokenizer of each (a chat's are on the loop: one thread hop fewer for it).
+    """
+    loop = asyncio.get_running_loop()
+    prompt = await loop.run_in_executor(_tokenize_pool(), _encode, state, body)
+    return _payload(state, body, request_class, prompt)
+
+
+_POOL: ThreadPoolExecutor | None = None
+
+
+def _tokenize_pool() -> ThreadPoolExecutor:
+    global _POOL  # noqa: PLW0603 - one pool per process, made on first use
+    if _POOL is None:
+        _POOL = ThreadPoolExecutor(max_workers=TOKENIZE_THREADS, thread_name_prefix="tokenize")
+    return _POOL
+
+
+def _encode(state: GatewayState, body: ChatCompletionRequest) -> list[int]:
+    assert state.tokenizer is not None
     try:
-        prompt = state.tokenizer.encode_chat(messages_as_dicts(body))
+        return state.tokenizer.encode_chat(messages_as_dicts(body))
     except ValueError as error:
         raise APIError.invalid_request(
             f"could not render the chat template: {error}", param="messages"
         ) from error
+
+
+def _payload(
+    state: GatewayState, body: ChatCompletionRequest, request_class: RequestClass, prompt: list[int]
+) -> JobPayload:
     limits = state.envelope.length_limits(request_class)
     room = max(1, min(limits.max_output_tokens, limits.max_context_tokens - len(prompt)))
     try:
@@ -149,8 +187,12 @@ async def admit(
     id_prefix: str,
     custom_id: str | None = None,
     metadata_json: str = "{}",
+    batched: bool = False,
 ) -> Admitted:
-    """Decide, then enqueue; raises APIError (413/400/429) when the request is refused."""
+    """Decide, then enqueue; raises APIError (413/400/429) when the request is refused.
+
+    `batched`: the admit shares one script call with other submissions (bulk intake).
+    """
     assert state.admission is not None and state.engine is not None
     prompt_tokens = len(payload.prompt_token_ids)
     if not SchedulingPolicy(state.settings.policy).admits_by_deadline:
@@ -201,8 +243,11 @@ async def admit(
             max_attempts=state.settings.max_attempts,
             custom_id=custom_id,
             metadata_json=metadata_json,
+            model=payload.model,
+            created_s=payload.created_s,
         ),
         prompt_tokens,
+        batched=batched,
     )
     if status is AdmitStatus.QUEUE_FULL:
         state.metrics.rejections.labels(request_class.value, "queue_full").inc()

@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field, fields
 from typing import Any
+
+import orjson
 
 from engine.request import GenerationRequest
 from engine.sampling_params import SamplingParams
@@ -47,11 +48,12 @@ class JobPayload:
             "include_usage": self.include_usage,
             "extra": self.extra,
         }
-        return json.dumps(data, separators=(",", ":"))
+        # orjson: ~10x the stdlib's speed on a long list of token ids, on every submission.
+        return orjson.dumps(data).decode()
 
     @classmethod
     def from_json(cls, text: str) -> JobPayload:
-        data = json.loads(text)
+        data = orjson.loads(text)
         sampling = dict(data["sampling"])
         sampling["stop"] = tuple(sampling.get("stop", ()))
         sampling["stop_token_ids"] = tuple(sampling.get("stop_token_ids", ()))

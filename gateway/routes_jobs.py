@@ -7,25 +7,26 @@ result is written by whichever replica ran it. Another tenant's job is a 404.
 
 from __future__ import annotations
 
-import json
 import time
 from typing import Any
 
+import orjson
 from starlette.requests import Request
-from starlette.responses import JSONResponse, Response
+from starlette.responses import Response
 
 from gateway.auth import Principal
 from gateway.errors import APIError, read_json_body
 from gateway.intake import (
     admit,
     authenticate,
-    build_payload,
+    build_payload_off_loop,
     request_class,
     require_model,
     require_ready,
 )
 from gateway.job_payload import JobPayload
-from gateway.queue import JobRecord
+from gateway.queue import JobRecord, JobStatus
+from gateway.queue.job import JobStatusView
 from gateway.redis_health import require_redis
 from gateway.schemas import chat_completion_body, job_deadline_s, parse_job_request
 from gateway.state import GatewayState
@@ -48,7 +49,8 @@ async def _create_job(request: Request, state: GatewayState, principal: Principa
     body = parse_job_request(await _body(request, state))
     require_model(state, body.model)
     cls = request_class(request, RequestClass.BULK, body.service_tier, principal)
-    payload = build_payload(state, body, cls)
+    payload = await build_payload_off_loop(state, body, cls)
+    metadata_json = orjson.dumps(body.metadata or {}).decode()
     admitted = await admit(
         state,
         principal,
@@ -57,26 +59,43 @@ async def _create_job(request: Request, state: GatewayState, principal: Principa
         deadline_s=job_deadline_s(body),
         id_prefix="job-",
         custom_id=body.custom_id,
-        metadata_json=json.dumps(body.metadata or {}),
+        metadata_json=metadata_json,
+        batched=True,
     )
     state.metrics.requests.labels(cls.value, "jobs", "admitted").inc()
-    assert state.store is not None
-    record = await state.store.get_job(admitted.job_id, principal.tenant)
-    assert record is not None
-    return JSONResponse(
-        job_object(record),
+    # NOTE: answered from what was just admitted, not read back: the admit script wrote exactly
+    # these fields, and a re-read cost every submission a round trip and a payload parse.
+    view = JobStatusView(
+        job_id=admitted.job_id,
+        tenant=principal.tenant,
+        request_class=cls,
+        status=JobStatus.QUEUED,
+        model=payload.model,
+        created_s=payload.created_s,
+        enqueue_ms=admitted.enqueue_ms,
+        deadline_ms=admitted.deadline_ms or None,
+        started_ms=None,
+        finished_ms=None,
+        attempts=0,
+        custom_id=body.custom_id,
+        metadata_json=metadata_json,
+        result_json=None,
+        error_json=None,
+    )
+    return _json(
+        job_object(view),
         status_code=202,
-        headers={"Location": f"/v1/jobs/{record.job_id}", **admitted.prediction_headers},
+        headers={"Location": f"/v1/jobs/{admitted.job_id}", **admitted.prediction_headers},
     )
 
 
 async def get_job(request: Request) -> Response:
     state: GatewayState = request.app.state.gw
     principal = authenticate(request, state)
-    record = await _store(state).get_job(request.path_params["job_id"], principal.tenant)
-    if record is None:
+    view = await _store(state).get_job_status(request.path_params["job_id"], principal.tenant)
+    if view is None:
         raise APIError.not_found("No job with that id.", param="job_id", code="job_not_found")
-    return JSONResponse(job_object(record))
+    return _json(job_object(view))
 
 
 async def cancel_job(request: Request) -> Response:
@@ -85,12 +104,12 @@ async def cancel_job(request: Request) -> Response:
     job_id = request.path_params["job_id"]
     store = _store(state)
     outcome = await store.cancel(job_id, principal.tenant, int(time.time() * 1000))
-    record = await store.get_job(job_id, principal.tenant)
-    if outcome == "not_found" or record is None:
+    view = await store.get_job_status(job_id, principal.tenant)
+    if outcome == "not_found" or view is None:
         raise APIError.not_found("No job with that id.", param="job_id", code="job_not_found")
-    body = job_object(record)
+    body = job_object(view)
     body["cancel"] = outcome  # "cancelled", "cancelling" (running: stops shortly), or a status
-    return JSONResponse(body)
+    return _json(body)
 
 
 async def list_jobs(request: Request) -> Response:
@@ -105,10 +124,10 @@ async def list_jobs(request: Request) -> Response:
     after = request.query_params.get("after")
     records = await _store(state).list_jobs(principal.tenant, limit + 1, after)
     page = records[:limit]
-    return JSONResponse(
+    return _json(
         {
             "object": "list",
-            "data": [job_object(r) for r in page],
+            "data": [job_object(_view(r)) for r in page],
             "first_id": page[0].job_id if page else None,
             "last_id": page[-1].job_id if page else None,
             "has_more": len(records) > limit,
@@ -135,34 +154,62 @@ def _seconds(ms: int | None) -> float | None:
     return None if ms is None else ms / 1000.0
 
 
-def job_object(record: JobRecord) -> dict[str, Any]:
-    """A job as the API shows it: status, timings, and the chat.completion result when done."""
+def _json(body: dict[str, Any], status_code: int = 200, headers: Any = None) -> Response:
+    # orjson: job bodies (and their results) are the hot path of every poll.
+    return Response(
+        orjson.dumps(body), status_code=status_code, headers=headers, media_type="application/json"
+    )
+
+
+def _view(record: JobRecord) -> JobStatusView:
+    """A full record (listing) as the status fields a job object shows."""
     payload = JobPayload.from_json(record.request_json)
-    result = json.loads(record.result_json) if record.result_json else None
+    return JobStatusView(
+        job_id=record.job_id,
+        tenant=record.tenant,
+        request_class=record.request_class,
+        status=record.status,
+        model=payload.model,
+        created_s=payload.created_s,
+        enqueue_ms=record.enqueue_ms,
+        deadline_ms=record.deadline_ms,
+        started_ms=record.started_ms,
+        finished_ms=record.finished_ms,
+        attempts=record.attempts,
+        custom_id=record.custom_id,
+        metadata_json=record.metadata_json,
+        result_json=record.result_json,
+        error_json=record.error_json,
+    )
+
+
+def job_object(view: JobStatusView) -> dict[str, Any]:
+    """A job as the API shows it: status, timings, and the chat.completion result when done."""
+    result = orjson.loads(view.result_json) if view.result_json else None
     response = None
     if result is not None:
         response = chat_completion_body(
-            record.job_id,
-            payload.created_s,
-            payload.model,
+            view.job_id,
+            view.created_s,
+            view.model,
             result["text"],
             result["finish_reason"],
             result["usage"],
         )
     return {
-        "id": record.job_id,
+        "id": view.job_id,
         "object": "job",
-        "status": record.status.value,
-        "class": record.request_class.value,
-        "model": payload.model,
-        "custom_id": record.custom_id,
-        "metadata": json.loads(record.metadata_json or "{}"),
-        "created_at": _seconds(record.enqueue_ms),
-        "deadline_at": _seconds(record.deadline_ms),
-        "started_at": _seconds(record.started_ms),
-        "finished_at": _seconds(record.finished_ms),
-        "attempts": record.attempts,
+        "status": view.status.value,
+        "class": view.request_class.value,
+        "model": view.model,
+        "custom_id": view.custom_id,
+        "metadata": orjson.loads(view.metadata_json or "{}"),
+        "created_at": _seconds(view.enqueue_ms),
+        "deadline_at": _seconds(view.deadline_ms),
+        "started_at": _seconds(view.started_ms),
+        "finished_at": _seconds(view.finished_ms),
+        "attempts": view.attempts,
         "response": response,
         "timings": result.get("timings") if result else None,
-        "error": json.loads(record.error_json) if record.error_json else None,
+        "error": orjson.loads(view.error_json) if view.error_json else None,
     }

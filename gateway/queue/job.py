@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any
@@ -48,6 +48,10 @@ class NewJob:
     max_attempts: int = 3
     custom_id: str | None = None
     metadata_json: str = "{}"
+    # Echoed by status reads, stored beside the request so that a poll never parses it.
+    model: str = ""
+    # Wall-clock seconds the gateway received it (OpenAI's `created`).
+    created_s: int = 0
 
     def __post_init__(self) -> None:
         if not self.job_id or any(ch.isspace() for ch in self.job_id):
@@ -127,4 +131,74 @@ class JobRecord:
             tokens_sent=h["tokens_sent"] == "1",
             custom_id=h["custom_id"] or None,
             metadata_json=h["metadata"],
+        )
+
+
+# What a status read fetches (HMGET): everything the API shows, never the request (the
+# tokenized prompt, often the bulk of the hash).
+STATUS_FIELDS: tuple[str, ...] = (
+    "id",
+    "tenant",
+    "class",
+    "status",
+    "model",
+    "created_s",
+    "enqueue_ms",
+    "deadline_ms",
+    "started_ms",
+    "finished_ms",
+    "attempts",
+    "custom_id",
+    "metadata",
+    "result",
+    "error",
+)
+
+
+@dataclass(frozen=True, slots=True)
+class JobStatusView:
+    """The fields of `job:{id}` a status answer reports, read without the request payload."""
+
+    job_id: str
+    tenant: str
+    request_class: RequestClass
+    status: JobStatus
+    model: str
+    created_s: int
+    enqueue_ms: int
+    deadline_ms: int | None
+    started_ms: int | None
+    finished_ms: int | None
+    attempts: int
+    custom_id: str | None
+    metadata_json: str
+    result_json: str | None
+    error_json: str | None
+
+    @classmethod
+    def from_values(cls, values: Sequence[Any]) -> JobStatusView | None:
+        """Parse HMGET of STATUS_FIELDS; None when the job does not exist.
+
+        A job admitted before `model`/`created_s` were stored has them empty: its model reads
+        as "" here and the caller fills it in from the request (`with_model`).
+        """
+        v = [redis_text(x) if x is not None else "" for x in values]
+        if not v[0]:
+            return None
+        return cls(
+            job_id=v[0],
+            tenant=v[1],
+            request_class=RequestClass(v[2]),
+            status=JobStatus(v[3]),
+            model=v[4],
+            created_s=int(v[5]) if v[5] else int(v[6]) // 1000,
+            enqueue_ms=int(v[6]),
+            deadline_ms=_optional_ms(v[7]),
+            started_ms=_optional_ms(v[8]),
+            finished_ms=_optional_ms(v[9]),
+            attempts=int(v[10]),
+            custom_id=v[11] or None,
+            metadata_json=v[12] or "{}",
+            result_json=v[13] or None,
+            error_json=v[14] or None,
         )

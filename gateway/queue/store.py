@@ -8,14 +8,24 @@ Clocks are passed in too (`now_ms`), never read here or in Lua, so tests control
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping, Sequence
+from dataclasses import replace
 from importlib import resources
 from typing import Any
 
 from redis.asyncio import Redis
 from redis.commands.core import AsyncScript
 
-from gateway.queue.job import COMPLETION_STATUSES, JobRecord, JobStatus, NewJob
+from gateway.coalescer import Coalescer
+from gateway.queue.job import (
+    COMPLETION_STATUSES,
+    STATUS_FIELDS,
+    JobRecord,
+    JobStatus,
+    JobStatusView,
+    NewJob,
+)
 from gateway.queue.keys import Keys
 from gateway.queue.results import (
     AdmitResult,
@@ -83,36 +93,50 @@ class QueueStore:
         self._wake_max = wake_max
         # How many queue heads one claim may drop (expired) before it returns to the caller.
         self._claim_scan_max = claim_scan_max
+        self._status_reads: Coalescer[str, JobStatusView | None] = Coalescer(self.job_statuses)
         self._scripts: dict[str, AsyncScript] = {
             name: redis.register_script(_load_script(name)) for name in _SCRIPTS
         }
 
     async def admit(self, job: NewJob) -> AdmitResult:
         """Enqueue unless the id exists or the class queue is at `job.queue_limit`."""
+        (result,) = await self.admit_many([job])
+        return result
+
+    async def admit_many(self, jobs: Sequence[NewJob]) -> list[AdmitResult]:
+        """Admit each job in order, as many lone `admit` calls would, in one script call."""
+        if not jobs:
+            return []
         k = self.keys
-        keys = [
-            k.job(job.job_id),
-            k.pending(job.request_class),
-            k.queued_tokens(job.request_class),
-            k.tenant_jobs(job.tenant),
-            k.wake,
+        keys: list[str] = [k.wake]
+        args: list[_Arg] = [self._wake_max]
+        for job in jobs:
+            keys += [
+                k.job(job.job_id),
+                k.pending(job.request_class),
+                k.queued_tokens(job.request_class),
+                k.tenant_jobs(job.tenant),
+            ]
+            args += [
+                job.job_id,
+                job.tenant,
+                job.request_class.value,
+                job.request_json,
+                job.enqueue_ms,
+                job.deadline_ms or 0,
+                job.cost_tokens,
+                job.max_attempts,
+                job.custom_id or "",
+                job.metadata_json,
+                job.queue_limit,
+                job.model,
+                job.created_s,
+            ]
+        flat = await self._scripts["admit"](keys=keys, args=args)
+        return [
+            AdmitResult(status=AdmitStatus(redis_text(flat[i])), depth=int(flat[i + 1]))
+            for i in range(0, len(flat), 2)
         ]
-        args: list[_Arg] = [
-            job.job_id,
-            job.tenant,
-            job.request_class.value,
-            job.request_json,
-            job.enqueue_ms,
-            job.deadline_ms or 0,
-            job.cost_tokens,
-            job.max_attempts,
-            job.custom_id or "",
-            job.metadata_json,
-            job.queue_limit,
-            self._wake_max,
-        ]
-        status, depth = await self._scripts["admit"](keys=keys, args=args)
-        return AdmitResult(status=AdmitStatus(redis_text(status)), depth=int(depth))
 
     async def claim(
         self,
@@ -232,6 +256,33 @@ class QueueStore:
             return None
         job = JobRecord.from_hash(raw)
         return job if job.tenant == tenant else None
+
+    async def get_job_status(self, job_id: str, tenant: str) -> JobStatusView | None:
+        """What a status answer reports, without reading the request payload (one HMGET,
+        pipelined with the other status reads of the same moment)."""
+        view = await self._status_reads.call(job_id)
+        if view is None or view.tenant != tenant:
+            return None
+        if not view.model:
+            view = await self._with_model_from_request(view)
+        return view
+
+    async def job_statuses(self, job_ids: Sequence[str]) -> list[JobStatusView | None]:
+        """The status fields of each job (None: unknown), in one round trip."""
+        pipe = self._redis.pipeline(transaction=False)
+        for job_id in job_ids:
+            pipe.hmget(self.keys.job(job_id), STATUS_FIELDS)
+        return [JobStatusView.from_values(values) for values in await pipe.execute()]
+
+    async def _with_model_from_request(self, view: JobStatusView) -> JobStatusView:
+        # A job admitted before `model`/`created_s` were stored: read them from its request.
+        request_json = await self._redis.hget(self.keys.job(view.job_id), "request")
+        request = json.loads(redis_text(request_json)) if request_json else {}
+        return replace(
+            view,
+            model=str(request.get("model", "")),
+            created_s=int(request.get("created_s", view.created_s)),
+        )
 
     async def list_jobs(self, tenant: str, limit: int, after: str | None) -> list[JobRecord]:
         """The tenant's jobs, newest first; pass the last id of a page as `after` for the next."""

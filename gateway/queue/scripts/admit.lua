@@ -1,45 +1,64 @@
--- Enqueue one job atomically: duplicate check, class length bound, job hash, pending entry,
--- queued-token counter, tenant listing, and a wake-up for one idle dispatcher.
+-- Enqueue a batch of jobs atomically, in order, each exactly as a lone admit would: duplicate
+-- check, class length bound, job hash, pending entry, queued-token counter, tenant listing, and
+-- a wake-up for one idle dispatcher per admitted job.
 --
--- KEYS[1] job:{id}  KEYS[2] pending:{class}  KEYS[3] queued_tokens:{class}
--- KEYS[4] tenant_jobs:{tenant}  KEYS[5] wake
--- ARGV: id, tenant, class, request, enqueue_ms, deadline_ms (0 = none), cost_tokens,
---       max_attempts, custom_id, metadata, queue_limit, wake_max
--- Returns {status, depth}: status is 'admitted' | 'duplicate' | 'queue_full' and depth the
--- length of pending:{class} after the call.
+-- KEYS[1] wake; then per job i (0-based) KEYS[2+4i..5+4i]:
+--   job:{id}, pending:{class}, queued_tokens:{class}, tenant_jobs:{tenant}
+-- ARGV[1] wake_max; then per job i ARGV[2+13i..14+13i]:
+--   id, tenant, class, request, enqueue_ms, deadline_ms (0 = none), cost_tokens,
+--   max_attempts, custom_id, metadata, queue_limit, model, created_s
+-- Returns {status_1, depth_1, status_2, depth_2, ...}: status is 'admitted' | 'duplicate' |
+-- 'queue_full' and depth the length of pending:{class} after that job's step.
+--
+-- NOTE: one call per batch of arrivals instead of one per job: the gateway coalesces the
+-- submissions that arrive in the same event-loop tick, and Redis runs them back to back.
 
-local job_key, pending_key, tokens_key, tenant_key, wake_key =
-  KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
-local id, enqueue_ms = ARGV[1], ARGV[5]
-local cost_tokens = tonumber(ARGV[7])
-local queue_limit = tonumber(ARGV[11])
-local wake_max = tonumber(ARGV[12])
+local wake_key = KEYS[1]
+local wake_max = tonumber(ARGV[1])
+local replies = {}
+local woken = false
 
-local depth = redis.call('ZCARD', pending_key)
--- A retried submit must not create a second job nor reset the first one's state.
-if redis.call('EXISTS', job_key) == 1 then
-  return {'duplicate', depth}
+for i = 0, (#KEYS - 1) / 4 - 1 do
+  local job_key, pending_key, tokens_key, tenant_key =
+    KEYS[2 + 4 * i], KEYS[3 + 4 * i], KEYS[4 + 4 * i], KEYS[5 + 4 * i]
+  local a = 1 + 13 * i
+  local id, enqueue_ms = ARGV[a + 1], ARGV[a + 5]
+  local queue_limit = tonumber(ARGV[a + 11])
+
+  local depth = redis.call('ZCARD', pending_key)
+  local status = 'admitted'
+  -- A retried submit must not create a second job nor reset the first one's state.
+  if redis.call('EXISTS', job_key) == 1 then
+    status = 'duplicate'
+  elseif depth >= queue_limit then
+    status = 'queue_full'
+  else
+    redis.call('HSET', job_key,
+      'id', id, 'tenant', ARGV[a + 2], 'class', ARGV[a + 3], 'status', 'queued',
+      'request', ARGV[a + 4], 'enqueue_ms', enqueue_ms, 'deadline_ms', ARGV[a + 6],
+      'cost_tokens', ARGV[a + 7], 'attempts', '0', 'max_attempts', ARGV[a + 8],
+      'lease_token', '', 'replica', '', 'started_ms', '0', 'finished_ms', '0', 'result', '',
+      'error', '', 'tokens_sent', '0', 'custom_id', ARGV[a + 9], 'metadata', ARGV[a + 10],
+      'model', ARGV[a + 12], 'created_s', ARGV[a + 13])
+    redis.call('ZADD', pending_key, enqueue_ms, id)
+    redis.call('INCRBY', tokens_key, tonumber(ARGV[a + 7]))
+    redis.call('ZADD', tenant_key, enqueue_ms, id)
+    -- One member per job wakes one blocked dispatcher per admit; a member whose job is
+    -- already claimed only causes a harmless empty claim.
+    redis.call('ZADD', wake_key, enqueue_ms, id)
+    woken = true
+    depth = depth + 1
+  end
+  replies[#replies + 1] = status
+  replies[#replies + 1] = depth
 end
-if depth >= queue_limit then
-  return {'queue_full', depth}
+
+-- Trim the oldest wake-up members so the key stays bounded.
+if woken then
+  local wake_len = redis.call('ZCARD', wake_key)
+  if wake_len > wake_max then
+    redis.call('ZREMRANGEBYRANK', wake_key, 0, wake_len - wake_max - 1)
+  end
 end
 
-redis.call('HSET', job_key,
-  'id', id, 'tenant', ARGV[2], 'class', ARGV[3], 'status', 'queued', 'request', ARGV[4],
-  'enqueue_ms', enqueue_ms, 'deadline_ms', ARGV[6], 'cost_tokens', ARGV[7],
-  'attempts', '0', 'max_attempts', ARGV[8], 'lease_token', '', 'replica', '',
-  'started_ms', '0', 'finished_ms', '0', 'result', '', 'error', '', 'tokens_sent', '0',
-  'custom_id', ARGV[9], 'metadata', ARGV[10])
-redis.call('ZADD', pending_key, enqueue_ms, id)
-redis.call('INCRBY', tokens_key, cost_tokens)
-redis.call('ZADD', tenant_key, enqueue_ms, id)
-
--- One member per job wakes one blocked dispatcher per admit; a member whose job is already
--- claimed only causes a harmless empty claim. Trim the oldest so the key stays bounded.
-redis.call('ZADD', wake_key, enqueue_ms, id)
-local wake_len = redis.call('ZCARD', wake_key)
-if wake_len > wake_max then
-  redis.call('ZREMRANGEBYRANK', wake_key, 0, wake_len - wake_max - 1)
-end
-
-return {'admitted', depth + 1}
+return replies
