@@ -43,7 +43,6 @@ class BlockTables:
 
     def rows_for(self, seqs: list[Sequence]) -> list[int]:
         """Each sequence's row, with its tail of new block ids written into the tensor."""
-        live = {seq.seq_id for seq in seqs}
         widest = max(len(seq.block_table) for seq in seqs)
         if widest > self.table.shape[1]:
             self._widen(max(widest, 2 * self.table.shape[1]))
@@ -51,7 +50,7 @@ class BlockTables:
         for seq in seqs:
             row = self._rows.get(seq.seq_id)
             if row is None or row.seq is not seq:
-                row = self._assign(seq, live)
+                row = self._assign(seq, seqs)
             table = seq.block_table
             if row.epoch != seq.block_table_epoch:
                 row.epoch, row.written = seq.block_table_epoch, 0
@@ -62,12 +61,12 @@ class BlockTables:
             rows.append(row.index)
         return rows
 
-    def _assign(self, seq: Sequence, live: set[str]) -> _Row:
+    def _assign(self, seq: Sequence, step_seqs: list[Sequence]) -> _Row:
         old = self._rows.pop(seq.seq_id, None)
         if old is not None:
             self._free_rows.append(old.index)
         if not self._free_rows:
-            self._reclaim(live)
+            self._reclaim({s.seq_id for s in step_seqs})
         row = _Row(seq, self._free_rows.pop(), seq.block_table_epoch, 0)
         self._rows[seq.seq_id] = row
         return row
