@@ -22,6 +22,7 @@ from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
+from starlette.routing import Match, Route
 
 from gateway.redis_health import mark_unreachable
 
@@ -29,6 +30,7 @@ __all__ = [
     "DEFAULT_MAX_JSON_DEPTH",
     "EXCEPTION_HANDLERS",
     "APIError",
+    "allowed_methods",
     "error_body",
     "error_response",
     "install_error_handlers",
@@ -200,6 +202,25 @@ def _http_exception_message(request: Request, exc: HTTPException) -> str:
     return default_detail or f"HTTP {exc.status_code}"
 
 
+def allowed_methods(request: Request) -> list[str]:
+    """Every method some route serves at this request's path, for a 405's ``Allow``.
+
+    NOTE: Starlette's own 405 names only the methods of the first route whose path matched,
+    and mixgate registers one route per method (GET and DELETE /v1/jobs/{job_id}), so its
+    `Allow` left methods out; RFC 9110 wants them all.
+    """
+    app = request.scope.get("app")
+    routes = getattr(getattr(app, "router", None), "routes", ())
+    methods: set[str] = set()
+    for route in routes:
+        if isinstance(route, Route) and route.methods:
+            match, _ = route.matches({**request.scope, "method": next(iter(route.methods))})
+            if match is Match.FULL:
+                methods |= route.methods
+    order = ("GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS")
+    return sorted(methods, key=lambda m: (order.index(m) if m in order else len(order), m))
+
+
 async def _handle_api_error(request: Request, exc: Exception) -> Response:
     if not isinstance(exc, APIError):  # pragma: no cover - Starlette dispatches by class
         raise exc
@@ -214,12 +235,17 @@ async def _handle_http_exception(request: Request, exc: Exception) -> Response:
         # Redirect-style HTTPExceptions carry no error; keep Starlette's plain behaviour.
         return Response(status_code=status, headers=exc.headers)
     default_type = SERVER_ERROR if status >= 500 else INVALID_REQUEST
+    headers = dict(exc.headers or {})
+    if status == 405:
+        methods = allowed_methods(request)
+        if methods:
+            headers["Allow"] = ", ".join(methods)
     error = APIError(
         status,
         _http_exception_message(request, exc),
         _TYPE_BY_STATUS.get(status, default_type),
-        code=None,
-        headers=exc.headers,  # e.g. the 405's Allow header
+        code="method_not_allowed" if status == 405 else None,
+        headers=headers,
     )
     return error_response(error)
 

@@ -26,7 +26,8 @@ _RESPONSES: Final = "#/components/responses/"
 _DESCRIPTION: Final = (
     "OpenAI-compatible gateway serving interactive chat (SSE) and bulk jobs (REST) from one "
     'engine. Errors are `{"error": {"message", "type", "code", "param"}}`; a 429 '
-    "carries `Retry-After` (seconds)."
+    "carries `Retry-After` (seconds), and a 405 an `Allow` header naming the path's methods. "
+    "Every operation that needs an API key may answer 429 when the key's rate limit is spent."
 )
 
 
@@ -387,7 +388,7 @@ def _paths() -> dict[str, Any]:
             "get": {
                 "operationId": "listModels",
                 "summary": "The models this gateway serves",
-                "responses": {"200": _json("The models.", "ModelList"), **_errors("401")},
+                "responses": {"200": _json("The models.", "ModelList"), **_errors("401", "429")},
             }
         },
         "/v1/jobs": {
@@ -418,7 +419,7 @@ def _paths() -> dict[str, Any]:
                 "parameters": _LIST_PARAMS,
                 "responses": {
                     "200": _json("The jobs.", "JobList"),
-                    **_errors("400", "401", "503"),
+                    **_errors("400", "401", "429", "503"),
                 },
             },
         },
@@ -427,12 +428,18 @@ def _paths() -> dict[str, Any]:
             "get": {
                 "operationId": "getJob",
                 "summary": "A job's status, and its result once completed",
-                "responses": {"200": _json("The job.", "Job"), **_errors("401", "404", "503")},
+                "responses": {
+                    "200": _json("The job.", "Job"),
+                    **_errors("401", "404", "429", "503"),
+                },
             },
             "delete": {
                 "operationId": "cancelJob",
                 "summary": "Cancel a job (`cancel` in the reply says what happened)",
-                "responses": {"200": _json("The job.", "Job"), **_errors("401", "404", "503")},
+                "responses": {
+                    "200": _json("The job.", "Job"),
+                    **_errors("401", "404", "429", "503"),
+                },
             },
         },
         "/v1/envelope": {

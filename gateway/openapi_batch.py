@@ -9,7 +9,9 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any, Final
 
-__all__ = ["BATCH_SCHEMAS", "batch_paths"]
+__all__ = ["BATCH_SCHEMAS", "JSONL_MEDIA_TYPE", "batch_paths"]
+
+JSONL_MEDIA_TYPE: Final = "application/jsonl"
 
 _SCHEMAS: Final = "#/components/schemas/"
 _RESPONSES: Final = "#/components/responses/"
@@ -74,14 +76,21 @@ BATCH_SCHEMAS: Final[Mapping[str, Any]] = {
     },
     "FileUpload": {
         "type": "object",
+        "description": "Exactly these two parts, each once.",
         "required": ["file", "purpose"],
+        "additionalProperties": False,
         "properties": {
             "file": {
                 "type": "string",
                 "format": "binary",
-                "description": "JSONL: one request per line (custom_id, method, url, body).",
+                "contentMediaType": JSONL_MEDIA_TYPE,
+                "description": "A file part of UTF-8 JSONL text, not blank: one request per "
+                "line (custom_id, method, url, body), at most the server's batch_max_lines "
+                "lines and batch_max_file_bytes bytes. Other bytes are a 400 (`invalid_file`, "
+                "`empty_file`, `too_many_requests_in_file`); the lines themselves are checked "
+                "when a batch uses the file.",
             },
-            "purpose": {"const": "batch"},
+            "purpose": {"type": "string", "const": "batch"},
         },
     },
     "BatchError": {
@@ -214,7 +223,15 @@ def batch_paths() -> dict[str, Any]:
                 "summary": "Upload a batch input file (multipart; purpose=batch)",
                 "requestBody": {
                     "required": True,
-                    "content": {"multipart/form-data": {"schema": _ref("FileUpload")}},
+                    "content": {
+                        "multipart/form-data": {
+                            "schema": _ref("FileUpload"),
+                            "encoding": {
+                                "file": {"contentType": JSONL_MEDIA_TYPE},
+                                "purpose": {"contentType": "text/plain"},
+                            },
+                        }
+                    },
                 },
                 "responses": {
                     "200": _json("Stored.", "FileObject"),
@@ -222,7 +239,7 @@ def batch_paths() -> dict[str, Any]:
                         "description": "No Content-Length.",
                         "content": {"application/json": {"schema": _ref("Error")}},
                     },
-                    **_errors("400", "401", "413", "503"),
+                    **_errors("400", "401", "413", "429", "503"),
                 },
             },
             "get": {
@@ -237,7 +254,10 @@ def batch_paths() -> dict[str, Any]:
                         "schema": {"type": "string"},
                     },
                 ],  # fmt: skip
-                "responses": {"200": _json("The files.", "FileList"), **_errors("400", "401")},
+                "responses": {
+                    "200": _json("The files.", "FileList"),
+                    **_errors("400", "401", "429", "503"),
+                },
             },
         },
         "/v1/files/{file_id}": {
@@ -245,12 +265,18 @@ def batch_paths() -> dict[str, Any]:
             "get": {
                 "operationId": "retrieveFile",
                 "summary": "A file's metadata",
-                "responses": {"200": _json("The file.", "FileObject"), **_errors("401", "404")},
+                "responses": {
+                    "200": _json("The file.", "FileObject"),
+                    **_errors("401", "404", "429", "503"),
+                },
             },
             "delete": {
                 "operationId": "deleteFile",
                 "summary": "Delete a file",
-                "responses": {"200": _json("Deleted.", "FileDeleted"), **_errors("401", "404")},
+                "responses": {
+                    "200": _json("Deleted.", "FileDeleted"),
+                    **_errors("401", "404", "429", "503"),
+                },
             },
         },
         "/v1/files/{file_id}/content": {
@@ -263,7 +289,7 @@ def batch_paths() -> dict[str, Any]:
                         "description": "The bytes.",
                         "content": {"application/octet-stream": {"schema": {"type": "string"}}},
                     },
-                    **_errors("401", "404"),
+                    **_errors("401", "404", "429", "503"),
                 },
             },
         },
@@ -277,14 +303,17 @@ def batch_paths() -> dict[str, Any]:
                 },
                 "responses": {
                     "200": _json("Created (or failed: no valid line).", "Batch"),
-                    **_errors("400", "401", "403", "404", "429", "503"),
+                    **_errors("400", "401", "403", "404", "413", "429", "503"),
                 },
             },
             "get": {
                 "operationId": "listBatches",
                 "summary": "This tenant's batches, newest first",
                 "parameters": _list_params(100, 20),
-                "responses": {"200": _json("The batches.", "BatchList"), **_errors("400", "401")},
+                "responses": {
+                    "200": _json("The batches.", "BatchList"),
+                    **_errors("400", "401", "429", "503"),
+                },
             },
         },
         "/v1/batches/{batch_id}": {
@@ -292,7 +321,10 @@ def batch_paths() -> dict[str, Any]:
             "get": {
                 "operationId": "retrieveBatch",
                 "summary": "A batch's status and counts",
-                "responses": {"200": _json("The batch.", "Batch"), **_errors("401", "404")},
+                "responses": {
+                    "200": _json("The batch.", "Batch"),
+                    **_errors("401", "404", "429", "503"),
+                },
             },
         },
         "/v1/batches/{batch_id}/cancel": {
@@ -303,7 +335,7 @@ def batch_paths() -> dict[str, Any]:
                 "responses": {
                     "200": _json("Cancelling (or already cancelled).", "Batch"),
                     "409": _CONFLICT,
-                    **_errors("401", "404"),
+                    **_errors("401", "404", "429", "503"),
                 },
             },
         },

@@ -13,7 +13,7 @@ import time
 from pathlib import PurePosixPath
 from typing import Any, Final
 
-from starlette.datastructures import UploadFile
+from starlette.datastructures import FormData, UploadFile
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 
@@ -71,6 +71,20 @@ def _check_content(data: bytes, max_bytes: int, max_lines: int) -> None:
         )
 
 
+def _check_form_fields(form: FormData) -> None:
+    # NOTE: as strict as the JSON bodies (and as the OpenAPI document says): an unknown or
+    # repeated field is a 400, not silently ignored.
+    for name in form:
+        if name not in ("file", "purpose"):
+            raise APIError.invalid_request(
+                f"Unrecognized request argument supplied: {name[:64]}",
+                param=name[:64],
+                code="unknown_parameter",
+            )
+        if len(form.getlist(name)) > 1:
+            raise APIError.invalid_request(f"'{name}' may be given only once.", param=name)
+
+
 def _filename(upload: UploadFile) -> str:
     name = PurePosixPath((upload.filename or "upload.jsonl").replace("\\", "/")).name
     return (name or "upload.jsonl")[:_MAX_FILENAME_CHARS]
@@ -83,6 +97,7 @@ async def create_file(request: Request) -> Response:
     settings = state.settings
     _check_length(request, settings.batch_max_file_bytes)
     async with request.form(max_files=1, max_fields=8) as form:
+        _check_form_fields(form)
         purpose, upload = form.get("purpose"), form.get("file")
         if purpose != "batch":
             raise APIError.invalid_request(

@@ -5,24 +5,41 @@ Unknown fields are rejected ("Unrecognized request argument supplied"), as OpenA
 typo such as ``max_token`` is a 400 rather than a request that runs with the default. Fields that
 OpenAI defines but mixgate cannot honour accept only their neutral value (``n=1``, zero
 penalties, ``logprobs=false``, no tools) and reject anything else, never ignore it.
+
+The JSON schema of each model is the OpenAPI document's request body, so every rule the
+validators enforce is also written into the schema (``WithJsonSchema``, the model's ``allOf``):
+a client, or a fuzzer, that follows the document is never refused, and one that breaks it is.
 """
 
 from __future__ import annotations
 
 from typing import Annotated, Any, Final, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    WithJsonSchema,
+    field_validator,
+    model_validator,
+)
+from pydantic.config import JsonDict
 
 __all__ = [
     "MAX_STOP_STRING_CHARS",
     "MAX_STOP_STRINGS",
     "ChatCompletionRequest",
     "ChatMessage",
+    "Metadata",
     "ParamError",
     "ResponseFormat",
     "StreamOptions",
     "TextPart",
     "check_metadata",
+    "integral_float_to_int",
+    "not_both",
+    "null_or_absent",
     "effective_max_tokens",
     "include_usage",
     "messages_as_dicts",
@@ -61,6 +78,30 @@ def _short(value: Any, limit_chars: int = 40) -> str:
     # Client values in messages are shortened: an error should never echo a megabyte back.
     text = repr(value)
     return text if len(text) <= limit_chars else text[: limit_chars - 3] + "..."
+
+
+def integral_float_to_int(value: Any) -> Any:
+    """``5.0`` -> ``5``: JSON Schema calls an integral number an integer, and so does OpenAI's
+    API (``"seed": 1329118.0`` is accepted there); strict pydantic would refuse the float."""
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    return value
+
+
+# Last in an int field's Annotated (after Field(ge=...)), so that pydantic still writes the
+# bounds as JSON Schema's minimum/maximum (before them it writes raw `ge`/`le`).
+_INTEGRAL: Final = BeforeValidator(integral_float_to_int)
+
+
+def null_or_absent(*names: str) -> dict[str, Any]:
+    """JSON Schema: none of these fields has a value (each is absent or null)."""
+    return {"properties": {name: {"type": "null"} for name in names}}
+
+
+def not_both(first: str, second: str) -> dict[str, Any]:
+    """JSON Schema: at most one of the two fields has a value. Written as ``anyOf`` rather
+    than ``if``/``then``, which schema-driven generators (schemathesis) honour less reliably."""
+    return {"anyOf": [null_or_absent(first), null_or_absent(second)]}
 
 
 def _unsupported(param: str, why: str = "") -> ParamError:
@@ -122,6 +163,21 @@ class ResponseFormat(BaseModel):
 _StopString = Annotated[str, Field(min_length=1, max_length=MAX_STOP_STRING_CHARS)]
 _StopList = Annotated[list[_StopString], Field(max_length=MAX_STOP_STRINGS)]
 
+# What check_metadata enforces, in the schema's words.
+Metadata = Annotated[
+    dict[str, str],
+    WithJsonSchema(
+        {
+            "type": "object",
+            "maxProperties": MAX_METADATA_KEYS,
+            "propertyNames": {"maxLength": MAX_METADATA_KEY_CHARS},
+            "additionalProperties": {"type": "string", "maxLength": MAX_METADATA_VALUE_CHARS},
+        }
+    ),
+]
+# `null` means the default (False), as in OpenAI's schema.
+_NullableFalse = Annotated[bool, WithJsonSchema({"type": ["boolean", "null"]})]
+
 
 def check_metadata(metadata: dict[str, str] | None) -> dict[str, str] | None:
     """OpenAI's bounds, so that metadata stored with a job stays small and predictable."""
@@ -139,45 +195,72 @@ def check_metadata(metadata: dict[str, str] | None) -> dict[str, str] | None:
     return metadata
 
 
+# The cross-field rules of `_cross_field`, as JSON Schema (the model's `allOf`).
+CHAT_CROSS_FIELD_RULES: Final[tuple[JsonDict, ...]] = (
+    {
+        "anyOf": [
+            null_or_absent("stream_options"),
+            {"required": ["stream"], "properties": {"stream": {"const": True}}},
+        ]
+    },
+    not_both("max_tokens", "max_completion_tokens"),
+)
+
+
 class ChatCompletionRequest(BaseModel):
     """POST /v1/chat/completions."""
 
-    model_config = _MODEL_CONFIG
+    model_config = ConfigDict(
+        **_MODEL_CONFIG, json_schema_extra={"allOf": [*CHAT_CROSS_FIELD_RULES]}
+    )
 
     model: Annotated[str, Field(min_length=1, max_length=256)]
     messages: Annotated[list[ChatMessage], Field(min_length=1)]
-    stream: bool = False
+    stream: _NullableFalse = False
     stream_options: StreamOptions | None = None
-    max_tokens: Annotated[int, Field(ge=1, le=MAX_TOKENS_BOUND)] | None = None
-    """OpenAI's deprecated alias of `max_completion_tokens`; if both are given, equal."""
-    max_completion_tokens: Annotated[int, Field(ge=1, le=MAX_TOKENS_BOUND)] | None = None
+    max_tokens: Annotated[int, Field(ge=1, le=MAX_TOKENS_BOUND), _INTEGRAL] | None = None
+    """OpenAI's deprecated alias of `max_completion_tokens`; not with it (as OpenAI's API)."""
+    max_completion_tokens: Annotated[int, Field(ge=1, le=MAX_TOKENS_BOUND), _INTEGRAL] | None = None
     temperature: Annotated[float, Field(ge=0.0, le=2.0)] | None = None
     top_p: Annotated[float, Field(gt=0.0, le=1.0)] | None = None
-    top_k: int | None = None
+    top_k: (
+        Annotated[
+            int,
+            _INTEGRAL,
+            WithJsonSchema(
+                {"anyOf": [{"type": "integer", "const": -1}, {"type": "integer", "minimum": 1}]}
+            ),
+        ]
+        | None
+    ) = None
     """mixgate/vLLM extension: keep the k most likely tokens; -1 keeps all."""
-    seed: Annotated[int, Field(ge=0, le=MAX_SEED)] | None = None
+    seed: Annotated[int, Field(ge=0, le=MAX_SEED), _INTEGRAL] | None = None
     stop: _StopString | _StopList | None = None
     """A string, or up to 4 non-empty strings, that end generation (not part of the output)."""
-    n: int | None = None
+    n: Annotated[int, _INTEGRAL, WithJsonSchema({"type": "integer", "const": 1})] | None = None
     """Only 1: one choice per request."""
     service_tier: Literal["auto", "default", "flex", "priority"] | None = None
     """`flex` runs the request in the bulk class, `priority` in the interactive class."""
-    presence_penalty: float | None = None
+    presence_penalty: Annotated[float, WithJsonSchema({"type": "number", "const": 0})] | None = None
     """Only 0 (not supported otherwise)."""
-    frequency_penalty: float | None = None
+    frequency_penalty: Annotated[float, WithJsonSchema({"type": "number", "const": 0})] | None = (
+        None
+    )
     """Only 0 (not supported otherwise)."""
-    logprobs: bool | None = None
+    logprobs: Annotated[bool, WithJsonSchema({"type": "boolean", "const": False})] | None = None
     """Only false (not supported otherwise)."""
     user: Annotated[str, Field(max_length=256)] | None = None
-    metadata: dict[str, str] | None = None
+    metadata: Metadata | None = None
     """At most 16 keys of at most 64 characters, values of at most 512 characters."""
     response_format: ResponseFormat | None = None
     """Only `{"type": "text"}`."""
-    tools: Any = None
-    """Not supported (only absent, null or empty)."""
-    tool_choice: Any = None
-    """Not supported (only absent, null or "none")."""
-    ignore_eos: bool = False
+    tools: Annotated[list[Any], WithJsonSchema({"type": "array", "maxItems": 0})] | None = None
+    """Not supported: only absent, null or `[]` (a tool is a 400 `unsupported_parameter`)."""
+    tool_choice: Annotated[
+        Any, WithJsonSchema({"anyOf": [{"type": "string", "const": "none"}, {"type": "null"}]})
+    ] = None
+    """Not supported: only absent, null or "none" (else a 400 `unsupported_parameter`)."""
+    ignore_eos: _NullableFalse = False
     """mixgate/vLLM extension: keep generating past the end-of-sequence token."""
 
     @field_validator("stream", "ignore_eos", mode="before")
@@ -230,21 +313,18 @@ class ChatCompletionRequest(BaseModel):
 
     @model_validator(mode="after")
     def _cross_field(self) -> ChatCompletionRequest:
-        if self.tools not in (None, [], {}):
+        if self.tools:
             raise _unsupported("tools", ": mixgate serves plain text completions")
         if self.tool_choice not in (None, "none"):
             raise _unsupported("tool_choice", ": mixgate serves plain text completions")
-        if (
-            self.max_tokens is not None
-            and self.max_completion_tokens is not None
-            and self.max_tokens != self.max_completion_tokens
-        ):
-            # NOTE: rejected rather than one silently winning: a client sending both with
-            # different values has a bug, and guessing wrong changes cost and latency.
+        if self.max_tokens is not None and self.max_completion_tokens is not None:
+            # NOTE: refused as OpenAI's API refuses it, rather than one silently winning: guessing
+            # wrong changes cost and latency (max_tokens is the deprecated alias).
             raise ParamError(
-                "max_tokens and max_completion_tokens disagree; send only "
-                "max_completion_tokens (max_tokens is its deprecated alias).",
+                "Setting 'max_tokens' and 'max_completion_tokens' at the same time is not "
+                "supported.",
                 param="max_tokens",
+                code="invalid_parameter_combination",
             )
         if self.stream_options is not None and not self.stream:
             raise ParamError(

@@ -139,6 +139,25 @@ def test_wrong_method_is_405_with_allow_header() -> None:
     assert _error(response)["type"] == "invalid_request_error"
 
 
+async def _ok(request: Request) -> JSONResponse:
+    return JSONResponse({})
+
+
+def test_405_allow_lists_the_methods_of_every_route_at_the_path() -> None:
+    # One route per method, as the gateway registers them: Starlette alone names only the
+    # first route's methods.
+    routes = [
+        Route("/things/{thing_id}", _ok, methods=["GET"]),
+        Route("/things/{thing_id}", _ok, methods=["DELETE"]),
+        Route("/other", _ok, methods=["PUT"]),
+    ]
+    app = Starlette(routes=routes, exception_handlers=dict(EXCEPTION_HANDLERS))
+    response = TestClient(app).request("OPTIONS", "/things/7")
+    assert response.status_code == 405
+    assert response.headers["allow"] == "GET, HEAD, DELETE"
+    assert _error(response)["code"] == "method_not_allowed"
+
+
 def test_unhandled_exception_is_generic_500() -> None:
     response = _client().get("/boom")
     assert response.status_code == 500
