@@ -136,12 +136,20 @@ def create_app(settings: Settings, *, redis_client: aioredis.Redis | None = None
             for task in tasks:
                 task.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
-            if state.engine is not None:
-                await state.engine.stop()
-            if redis_client is None:
-                await client.aclose()
-            if embedded is not None:
-                await embedded.stop()
+
+            async def stop_engine() -> None:
+                if state.engine is not None:
+                    await state.engine.stop()
+
+            async def stop_redis() -> None:
+                if redis_client is None:
+                    await client.aclose()
+                if embedded is not None:
+                    await embedded.stop()
+
+            # Side by side: once the dispatcher has stopped, the engine no longer needs Redis,
+            # and each waits on a child's exit (the engine's frees its whole KV cache).
+            await asyncio.gather(stop_engine(), stop_redis())
 
     app = Starlette(
         routes=routes,
