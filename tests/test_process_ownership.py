@@ -4,6 +4,7 @@ Real `mixgate serve` processes with their embedded redis-server."""
 
 from __future__ import annotations
 
+import os
 import signal
 import time
 import uuid
@@ -34,8 +35,6 @@ def data_dir(tmp_path: Path) -> Iterator[Path]:
     yield tmp_path / "data"
     # Whatever a failed test left behind must not outlive it.
     for pid in redis_servers_on(tmp_path / "data"):
-        import os
-
         os.kill(pid, signal.SIGKILL)
 
 
