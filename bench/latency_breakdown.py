@@ -25,6 +25,7 @@ from rich.console import Console
 from rich.table import Table
 
 from bench.compare import ensure_model
+from bench.latency_breakdown_args import add_breakdown_arguments
 from bench.latency_breakdown_sender import (
     BreakdownSender,
     ServerCounters,
@@ -41,22 +42,6 @@ from bench.summary import summarize
 from bench.workload import dump_workload, load_workload
 
 __all__ = ["add_breakdown_arguments", "run_breakdown"]
-
-DEFAULT_WORKLOAD = "chat-over-backlog"
-
-
-def add_breakdown_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--workload", default=DEFAULT_WORKLOAD, help="a builtin name or TOML")
-    parser.add_argument("--out", required=True, help="results folder")
-    parser.add_argument("--model", default=None, help="model folder (default: make --preset)")
-    parser.add_argument("--preset", default="small", help="preset made when --model is not given")
-    parser.add_argument("--redis-url", default=None, help="default: a throwaway redis-server")
-    parser.add_argument("--threads", type=int, default=2, help="server torch threads")
-    parser.add_argument("--duration-s", type=float, default=None, help="override the workload's")
-    parser.add_argument("--policy", default="mixgate", help="the server's scheduling policy")
-    parser.add_argument("--envelope", default=None, help="envelope TOML for the server")
-    parser.add_argument("--drain-s", type=float, default=10.0, help="wait after the schedule")
-    parser.add_argument("--json", default=None, help="default: OUT/breakdown.json")
 
 
 def _counters(client: httpx.Client, redis: str) -> ServerCounters:

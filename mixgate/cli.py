@@ -169,7 +169,7 @@ def _bench_breakdown(args: argparse.Namespace) -> int:
 
 
 def _add_breakdown(kinds: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    from bench.latency_breakdown import add_breakdown_arguments
+    from bench.latency_breakdown_args import add_breakdown_arguments
 
     breakdown = kinds.add_parser(
         "breakdown", help="where chat TTFT/ITL go: queueing, engine, Redis, event-loop lag"
