@@ -91,7 +91,6 @@ def test_sigterm_of_an_idle_server_exits_0_promptly(tiny_model_dir: Path, data_d
     # Generous: the target is 1 s; this bound only catches a shutdown that waits on something.
     assert exit_s < 5.0, exit_s
     assert wait_gone(owned, 10) == []
-    print(f"\nidle SIGTERM: exited 0 after {exit_s:.3f} s")
 
 
 def test_sigterm_of_a_busy_server_drains_within_its_drain_time(
@@ -116,4 +115,3 @@ def test_sigterm_of_a_busy_server_drains_within_its_drain_time(
     assert exit_s < drain_s + 4.0, exit_s
     reader.join(30)
     assert not reader.is_alive() and reader.done and len(reader.errors) == 1, reader.errors
-    print(f"\nbusy SIGTERM: exited 0 after {exit_s:.3f} s (drain {drain_s} s)")
