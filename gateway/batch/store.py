@@ -135,22 +135,26 @@ class BatchStore:
         return int(await self._redis.llen(self.keys.todo(batch_id)))
 
     async def feed(self, batch_id: str, jobs: Sequence[NewJob]) -> list[AdmitStatus]:
-        """Admit line jobs in order (one pipeline); admitted or duplicate ones become open.
+        """Admit line jobs in order (one script call); admitted or duplicate ones become open.
 
         The caller pops the todo prefix up to the first refusal; a job admitted after a
         refusal stays in the todo list and is found as a duplicate next time.
         """
         k, q = self.keys, self.keys.queue
-        pipe = self._redis.pipeline(transaction=False)
+        if not jobs:
+            return []
+        # admit.lua takes a batch: KEYS wake + (job, pending, tokens, listing) per job; ARGV
+        # wake_max + 13 fields per job; one {status, depth} pair back per job, in order.
+        keys: list[str] = [q.wake]
+        args: list[str | int] = [_WAKE_MAX]
         for job in jobs:
-            keys = [
+            keys += [
                 q.job(job.job_id),
                 q.pending(RequestClass.BULK),
                 q.queued_tokens(RequestClass.BULK),
                 k.jobs(batch_id),
-                q.wake,
             ]
-            args: list[str | int] = [
+            args += [
                 job.job_id,
                 job.tenant,
                 RequestClass.BULK.value,
@@ -162,12 +166,11 @@ class BatchStore:
                 job.custom_id or "",
                 job.metadata_json,
                 job.queue_limit,
-                _WAKE_MAX,
+                job.model,
+                job.created_s,
             ]
-            # Queued on the pipeline (awaiting a pipeline command only returns the pipeline).
-            await self.scripts["admit"](keys=keys, args=args, client=pipe)
-        replies = await pipe.execute()
-        statuses = [AdmitStatus(redis_text(status)) for status, _ in replies]
+        flat = await self.scripts["admit"](keys=keys, args=args)
+        statuses = [AdmitStatus(redis_text(flat[i])) for i in range(0, len(flat), 2)]
         placed = [
             j.job_id for j, s in zip(jobs, statuses, strict=True) if s is not AdmitStatus.QUEUE_FULL
         ]
