@@ -169,9 +169,9 @@ class QueueStore:
         for c in asked:
             keys += [self.keys.pending(c), self.keys.queued_tokens(c)]
             args += [c.value, class_offsets_ms[c]]
-        job_id, token, expiry_ms, fields, expired, cancel_flag, more = await self._scripts[
-            "claim"
-        ](keys=keys, args=args)
+        job_id, token, expiry_ms, fields, expired, cancel_flag, more = await self._scripts["claim"](
+            keys=keys, args=args
+        )
         claimed = None
         if redis_text(job_id):
             claimed = ClaimedJob(
