@@ -123,6 +123,13 @@ class _Loop:
     def now_s(self) -> float:
         return self.engine.clock() - self.t0
 
+    def reached(self, at_s: float) -> bool:
+        """Whether run time `at_s` has come. NOTE: the clock is absolute (t0 + at_s), and
+        (t0 + at_s) - t0 can round below at_s: a plain `<=` then never fires the event that the
+        idle jump advanced to, and the loop jumps to the same instant forever (it hung a
+        seed of the simulated compare). Half a nanosecond of slack absorbs the rounding."""
+        return at_s <= self.now_s() + 5e-10
+
     def push(self, at_s: float, kind: str, **payload: Any) -> None:
         heapq.heappush(self.events, _Event(at_s, next(self._order), kind, **payload))
 
@@ -139,7 +146,7 @@ class _Loop:
         while True:
             self._handle_due()
             self._sample()
-            if self.now_s() >= self.end_s:
+            if self.reached(self.end_s):
                 break
             expired_or_claimed = self.gateway.claim()
             self._on_claims(*expired_or_claimed)
@@ -156,7 +163,7 @@ class _Loop:
         return max(self.workload.duration_s, min(self.now_s(), self.end_s))
 
     def _handle_due(self) -> None:
-        while self.events and self.events[0].at_s <= self.now_s():
+        while self.events and self.reached(self.events[0].at_s):
             event = heapq.heappop(self.events)
             if event.kind == "cancel":
                 self._cancel_due(event.request_id)
