@@ -114,4 +114,8 @@ def test_sigterm_of_a_busy_server_drains_within_its_drain_time(
     # (up to drain + 5 s) and only then did the lifespan drain for drain_s more.
     assert exit_s < drain_s + 4.0, exit_s
     reader.join(30)
-    assert not reader.is_alive() and reader.done and len(reader.errors) == 1, reader.errors
+    # The open chat either finished inside the drain (a fast machine) or ended with one error
+    # event when its lease was handed back; never both, and never a stream cut without [DONE].
+    finished = any(c.get("finish_reason") for f in reader.chunks for c in f["choices"])
+    assert not reader.is_alive() and reader.done, reader.errors
+    assert finished != (len(reader.errors) == 1), (finished, reader.errors)
