@@ -160,12 +160,14 @@ def _print(rows: list[dict[str, Any]]) -> None:
         "chat TTFT p99",
         "chat ITL p99",
         "bulk tok/s",
+        "bulk tok/busy s",
         "chat rejected",
         "chat goodput/s",
         "bulk goodput/s",
         "TTFT p99 ratio",
         "ITL p99 ratio",
         "bulk tok/s ratio",
+        "bulk tok/busy s ratio",
     ):
         table.add_column(column, justify="right")
     for row in rows:
@@ -178,11 +180,14 @@ def _print(rows: list[dict[str, Any]]) -> None:
             _ms((chat.get("ttft_s") or {}).get("p99")),
             _ms((chat.get("itl_s") or {}).get("p99")),
             f"{bulk.get('output_tokens_per_s') or 0:.0f}",
+            f"{bulk.get('output_tokens_per_busy_s') or 0:.0f}",
             f"{chat.get('rejection_rate') or 0:.1%}",
             _per_s(row["summary"], "interactive"),
             _per_s(row["summary"], "bulk"),
             _x(ratios.get("interactive_ttft_p99_ratio")),
             _x(ratios.get("interactive_itl_p99_ratio")),
             _x(ratios.get("bulk_tokens_per_s_ratio")),
+            _x(ratios.get("bulk_busy_tokens_per_s_ratio")),
         )
-    Console().print(table)
+    # Wide enough that a log file keeps every column whole (rich wraps to the terminal).
+    Console(width=220).print(table)

@@ -162,6 +162,7 @@ def test_headline_ratios_missing_or_zero_sides_are_none() -> None:
         "interactive_ttft_p99_ratio": None,
         "interactive_itl_p99_ratio": None,
         "bulk_tokens_per_s_ratio": None,
+        "bulk_busy_tokens_per_s_ratio": None,
     }
 
 
@@ -233,3 +234,27 @@ min = 0.99
 """
     )
     assert spec.goodput_bounds() == {"interactive": {"ttft_s": 0.2}}
+
+
+def test_busy_rate_divides_by_the_class_span_not_the_run() -> None:
+    # Sent at 0, 1, 2 s; the last finishes at 2 + 3 = 5 s: 60 tokens over a 5 s span, though
+    # the run lasted 60 s (a drained backlog reads the same over the run on every server).
+    records = [
+        _record(0, "bulk", OK, e2e_s=2.0, output_tokens=20),
+        _record(1, "bulk", OK, e2e_s=1.0, output_tokens=20),
+        _record(2, "bulk", OK, e2e_s=3.0, output_tokens=20),
+        _record(3, "bulk", REJECTED),
+    ]
+    block = summarize(records, 60.0)["classes"]["bulk"]
+    assert block["output_tokens_per_s"] == pytest.approx(1.0)
+    assert block["output_tokens_per_busy_s"] == pytest.approx(12.0)
+    assert (
+        summarize([_record(0, "bulk", REJECTED)], 60.0)["classes"]["bulk"][
+            "output_tokens_per_busy_s"
+        ]
+        is None
+    )
+    slower = summarize([_record(0, "bulk", OK, e2e_s=10.0, output_tokens=60)], 60.0)
+    faster = summarize(records, 60.0)
+    ratios = headline_ratios(slower, None, faster)
+    assert ratios["bulk_busy_tokens_per_s_ratio"] == pytest.approx(6.0 / 12.0)
