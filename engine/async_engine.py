@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING
 
 from engine.errors import EngineDeadError, RequestValidationError
 from engine.request import GenerationRequest, RequestOutput
+from engine.request_streams import RequestStreams
 from engine.step_record import LoadSnapshot
 
 if TYPE_CHECKING:
@@ -34,15 +35,12 @@ class _Abort:
     request_id: str
 
 
-_Item = RequestOutput | BaseException
-
-
 class AsyncEngine:
     def __init__(self, engine: LLMEngine):
         self.engine = engine
         self._commands: queue.SimpleQueue[_Add | _Abort] = queue.SimpleQueue()
         self._wakeup = threading.Event()
-        self._streams: dict[str, asyncio.Queue[_Item]] = {}
+        self._streams = RequestStreams()
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None
         self._stopping = False
@@ -83,28 +81,13 @@ class AsyncEngine:
         if self._error is not None or self._loop is None or self._stopping:
             raise EngineDeadError("the engine is not running") from self._error
         self.engine.validate(request)
-        if request.request_id in self._streams:
-            raise RequestValidationError(
-                f"request id {request.request_id!r} is already running", code="duplicate_id"
-            )
-        stream: asyncio.Queue[_Item] = asyncio.Queue()
-        self._streams[request.request_id] = stream
-        self._commands.put(_Add(request))
-        self._wakeup.set()
-        finished = False
-        try:
-            while True:
-                item = await stream.get()
-                if isinstance(item, BaseException):
-                    raise item
-                finished = item.finished
-                yield item
-                if finished:
-                    return
-        finally:
-            self._streams.pop(request.request_id, None)
-            if not finished:
-                self.abort(request.request_id)
+
+        def submit() -> None:
+            self._commands.put(_Add(request))
+            self._wakeup.set()
+
+        async for output in self._streams.consume(request.request_id, submit, self.abort):
+            yield output
 
     # -- the engine thread -------------------------------------------------------------------
 
@@ -154,16 +137,12 @@ class AsyncEngine:
 
     def _post_error(self, error: BaseException) -> None:
         if self._loop is not None and not self._loop.is_closed():
-            for request_id in list(self._streams):
+            for request_id in self._streams.ids():
                 self._loop.call_soon_threadsafe(self._deliver_error, request_id, error)
 
     def _deliver(self, outputs: list[RequestOutput]) -> None:
         for output in outputs:
-            stream = self._streams.get(output.request_id)
-            if stream is not None:
-                stream.put_nowait(output)
+            self._streams.put(output.request_id, output)
 
     def _deliver_error(self, request_id: str, error: BaseException) -> None:
-        stream = self._streams.get(request_id)
-        if stream is not None:
-            stream.put_nowait(error)
+        self._streams.put(request_id, error)

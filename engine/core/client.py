@@ -18,6 +18,7 @@ import subprocess
 import sys
 import tempfile
 from collections.abc import AsyncIterator, Callable
+from functools import partial
 from pathlib import Path
 
 import structlog
@@ -39,12 +40,12 @@ from engine.core.messages import (
 from engine.core.parent_death import die_with_parent_preexec
 from engine.errors import EngineDeadError, RequestValidationError
 from engine.request import GenerationRequest, RequestOutput
+from engine.request_streams import RequestStreams
 from engine.step_record import LoadSnapshot
 from engine.tokenizer import Tokenizer
 
 log = structlog.get_logger("mixgate.engine")
 
-_Item = RequestOutput | BaseException
 # Hears every StepOutputs as it arrives (after its deltas went to their streams).
 StepListener = Callable[[StepOutputs], None]
 
@@ -62,7 +63,7 @@ class EngineCoreClient:
         self._config = config
         self._ready_timeout_s = ready_timeout_s
         self._stop_timeout_s = stop_timeout_s
-        self._streams: dict[str, asyncio.Queue[_Item]] = {}
+        self._streams = RequestStreams()
         self._listeners: list[StepListener] = []
         self._snapshot: LoadSnapshot | None = None
         self._process: subprocess.Popen[bytes] | None = None
@@ -207,27 +208,9 @@ class EngineCoreClient:
         if not self.is_running or self.engine is None:
             raise EngineDeadError(f"the engine is not running: {self._death or 'stopped'}")
         self.engine.validate(request)
-        if request.request_id in self._streams:
-            raise RequestValidationError(
-                f"request id {request.request_id!r} is already running", code="duplicate_id"
-            )
-        stream: asyncio.Queue[_Item] = asyncio.Queue()
-        self._streams[request.request_id] = stream
-        self._send(AddRequest(request))
-        finished = False
-        try:
-            while True:
-                item = await stream.get()
-                if isinstance(item, BaseException):
-                    raise item
-                finished = item.finished
-                yield item
-                if finished:
-                    return
-        finally:
-            self._streams.pop(request.request_id, None)
-            if not finished:
-                self.abort(request.request_id)
+        submit = partial(self._send, AddRequest(request))
+        async for output in self._streams.consume(request.request_id, submit, self.abort):
+            yield output
 
     # -- plumbing ----------------------------------------------------------------------------
 
@@ -247,16 +230,12 @@ class EngineCoreClient:
         if isinstance(message, StepOutputs):
             self._snapshot = message.load
             for output in message.outputs:
-                stream = self._streams.get(output.request_id)
-                if stream is not None:
-                    stream.put_nowait(output)
+                self._streams.put(output.request_id, output)
             for rejection in message.rejections:
-                stream = self._streams.get(rejection.request_id)
-                if stream is not None:
-                    error = RequestValidationError(
-                        rejection.message, code=rejection.code, param=rejection.param
-                    )
-                    stream.put_nowait(error)
+                error = RequestValidationError(
+                    rejection.message, code=rejection.code, param=rejection.param
+                )
+                self._streams.put(rejection.request_id, error)
             for listener in self._listeners:
                 listener(message)
         elif isinstance(message, EngineFailed):
@@ -302,5 +281,5 @@ class EngineCoreClient:
         self._exited.set()
 
     def _fail_streams(self, error: BaseException) -> None:
-        for stream in self._streams.values():
-            stream.put_nowait(error)
+        for request_id in self._streams.ids():
+            self._streams.put(request_id, error)

@@ -154,21 +154,7 @@ class BatchStore:
                 q.queued_tokens(RequestClass.BULK),
                 k.jobs(batch_id),
             ]
-            args += [
-                job.job_id,
-                job.tenant,
-                RequestClass.BULK.value,
-                job.request_json,
-                job.enqueue_ms,
-                job.deadline_ms or 0,
-                job.cost_tokens,
-                job.max_attempts,
-                job.custom_id or "",
-                job.metadata_json,
-                job.queue_limit,
-                job.model,
-                job.created_s,
-            ]
+            args += job.admit_args()
         flat = await self.scripts["admit"](keys=keys, args=args)
         statuses = [AdmitStatus(redis_text(flat[i])) for i in range(0, len(flat), 2)]
         placed = [

@@ -53,6 +53,25 @@ class NewJob:
     # Wall-clock seconds the gateway received it (OpenAI's `created`).
     created_s: int = 0
 
+    def admit_args(self) -> list[str | int]:
+        """This job's 13 ARGV fields of admit.lua, in the script's order (one place for both
+        callers: chat/job intake and the batch feed)."""
+        return [
+            self.job_id,
+            self.tenant,
+            self.request_class.value,
+            self.request_json,
+            self.enqueue_ms,
+            self.deadline_ms or 0,
+            self.cost_tokens,
+            self.max_attempts,
+            self.custom_id or "",
+            self.metadata_json,
+            self.queue_limit,
+            self.model,
+            self.created_s,
+        ]
+
     def __post_init__(self) -> None:
         if not self.job_id or any(ch.isspace() for ch in self.job_id):
             raise ValueError(f"job_id must be non-empty without whitespace, got {self.job_id!r}")

@@ -117,21 +117,7 @@ class QueueStore:
                 k.queued_tokens(job.request_class),
                 k.tenant_jobs(job.tenant),
             ]
-            args += [
-                job.job_id,
-                job.tenant,
-                job.request_class.value,
-                job.request_json,
-                job.enqueue_ms,
-                job.deadline_ms or 0,
-                job.cost_tokens,
-                job.max_attempts,
-                job.custom_id or "",
-                job.metadata_json,
-                job.queue_limit,
-                job.model,
-                job.created_s,
-            ]
+            args += job.admit_args()
         flat = await self._scripts["admit"](keys=keys, args=args)
         return [
             AdmitResult(status=AdmitStatus(redis_text(flat[i])), depth=int(flat[i + 1]))
