@@ -133,9 +133,7 @@ def create_app(settings: Settings, *, redis_client: aioredis.Redis | None = None
             yield
         finally:
             await begin_drain(state)
-            for task in tasks:
-                task.cancel()
-            await asyncio.gather(*tasks, return_exceptions=True)
+            await cancel_and_wait(tasks)
 
             async def stop_engine() -> None:
                 if state.engine is not None:
@@ -159,6 +157,24 @@ def create_app(settings: Settings, *, redis_client: aioredis.Redis | None = None
     )
     app.state.gw = state
     return app
+
+
+async def cancel_and_wait(
+    tasks: list[asyncio.Task[Any]], rounds: int = 3, grace_s: float = 1.0
+) -> None:
+    """Cancel background tasks and wait for them, bounded: a task that swallowed its cancel
+    (a library that turns CancelledError into its own error, caught by a retry loop) is
+    cancelled again, and after `rounds` it is left behind rather than hang the shutdown."""
+    pending = {t for t in tasks if not t.done()}
+    for _ in range(rounds):
+        if not pending:
+            break
+        for task in pending:
+            task.cancel()
+        _, pending = await asyncio.wait(pending, timeout=grace_s)
+    for task in pending:
+        log.warning("background_task_ignored_cancel", task=task.get_name())
+    await asyncio.gather(*(t for t in tasks if t.done()), return_exceptions=True)
 
 
 def begin_drain(state: GatewayState) -> asyncio.Task[None]:
