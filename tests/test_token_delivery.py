@@ -144,9 +144,12 @@ class CommandLog(threading.Thread):
         self._seen: list[dict[str, Any]] = []
         self._cond = threading.Condition()
         self._marks = 0
+        # Set once MONITOR is on: a marker sent before then is never seen.
+        self._monitoring = threading.Event()
 
     def run(self) -> None:
         with self._client.monitor() as monitor:  # type: ignore[no-untyped-call]
+            self._monitoring.set()
             for command in monitor.listen():
                 with self._cond:
                     if self._marker in command["command"]:
@@ -159,6 +162,7 @@ class CommandLog(threading.Thread):
 
     def mark(self, marks: int) -> None:
         """Send marker number `marks` and wait until MONITOR has shown it."""
+        assert self._monitoring.wait(30), "MONITOR did not start"
         self._client.echo(self._marker)
         with self._cond:
             assert self._cond.wait_for(lambda: self._marks >= marks, timeout=30)
