@@ -91,7 +91,9 @@ class EngineCore:
             if not (stepped or outputs or pending.rejections):
                 continue
             new_steps = engine.history.total_steps - steps_before
-            records = list(engine.history.records)[-new_steps:] if new_steps else []
+            # NOTE: from the deque's end (O(new_steps)), not a copy of the whole window per step.
+            history = engine.history.records
+            records = [history[-i] for i in range(min(new_steps, len(history)), 0, -1)]
             message = StepOutputs(outputs, pending.rejections, engine.load(), records)
             self._outputs.send(output_encoder.encode(message))
 
