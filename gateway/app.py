@@ -77,6 +77,7 @@ def create_app(settings: Settings, *, redis_client: aioredis.Redis | None = None
         Route("/v1/jobs/{job_id}", routes_jobs.cancel_job, methods=["DELETE"]),
         Route("/v1/models", routes_ops.models, methods=["GET"]),
         Route("/v1/envelope", routes_ops.envelope, methods=["GET"]),
+        Route("/health", routes_ops.health, methods=["GET"]),
         Route("/healthz", routes_ops.healthz, methods=["GET"]),
         Route("/readyz", routes_ops.readyz, methods=["GET"]),
         Route("/metrics", routes_ops.metrics, methods=["GET"]),

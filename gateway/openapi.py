@@ -450,6 +450,14 @@ def _paths() -> dict[str, Any]:
                 "responses": {"200": _json("The envelope.", "Envelope")},
             }
         },
+        "/health": {
+            "get": {
+                "operationId": "health",
+                "summary": "Liveness as vLLM answers it: 200 with an empty body",
+                "security": _PUBLIC,
+                "responses": {"200": {"description": "Alive (no body)."}},
+            }
+        },
         "/healthz": {
             "get": {
                 "operationId": "healthz",

@@ -1,4 +1,5 @@
-"""Operational routes: /healthz, /readyz, /metrics, /v1/models, /v1/envelope, /openapi.json."""
+"""Operational routes: /health, /healthz, /readyz, /metrics, /v1/models, /v1/envelope,
+/openapi.json."""
 
 from __future__ import annotations
 
@@ -17,6 +18,12 @@ def _state(request: Request) -> GatewayState:
 async def healthz(request: Request) -> Response:
     """Liveness: the process answers. Readiness is /readyz."""
     return JSONResponse({"status": "ok"})
+
+
+async def health(request: Request) -> Response:
+    """Liveness as vLLM answers it (200, empty body): the path that vLLM-era clients (guidellm,
+    vllm bench serve's readiness probe) check before they start."""
+    return Response(status_code=200)
 
 
 async def readyz(request: Request) -> Response:

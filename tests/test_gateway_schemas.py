@@ -445,6 +445,7 @@ def test_openapi_covers_the_api() -> None:
         ("GET", "/v1/jobs"),
         ("GET", "/v1/jobs/{job_id}"),
         ("DELETE", "/v1/jobs/{job_id}"),
+        ("GET", "/health"),
         ("GET", "/healthz"),
         ("GET", "/readyz"),
         ("GET", "/metrics"),
