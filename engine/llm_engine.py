@@ -113,6 +113,12 @@ class LLMEngine:
             metrics=RequestMetrics(arrival_s=arrival_s),
         )
         self._sequences[seq.seq_id] = seq
+        sampling = request.sampling
+        if sampling.needs_history:
+            # min_tokens holds back what would end the request: stop ids, and EOS unless ignored.
+            eos = () if sampling.ignore_eos else tuple(sorted(self._eos_ids))
+            stop_ids = tuple(dict.fromkeys(sampling.stop_token_ids + eos))
+            self.runner.sampler.track(seq.seq_id, seq.token_ids, seq.num_prompt_tokens, stop_ids)
         if request.sampling.detokenize:
             self._detokenizers[seq.seq_id] = IncrementalDetokenizer(
                 self.tokenizer, list(request.prompt_token_ids), request.sampling.stop

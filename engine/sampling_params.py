@@ -23,6 +23,13 @@ class SamplingParams:
     stop_token_ids: tuple[int, ...] = ()
     # Keep generating past EOS (benchmarks want fixed output lengths).
     ignore_eos: bool = False
+    # vLLM's extensions. EOS and stop_token_ids cannot be sampled before this many output tokens.
+    min_tokens: int = 0
+    # Drop tokens whose probability is below min_p times the most likely token's (0 keeps all).
+    min_p: float = 0.0
+    # >1 makes tokens already in the prompt or output less likely, <1 more (1 is off);
+    # a seen token's logit is divided by it when positive, multiplied when negative (as vLLM).
+    repetition_penalty: float = 1.0
     # Decode the output to text (off for token-level benchmarks).
     detokenize: bool = True
     # NOTE: a bounded stop list: each string is searched in the tail of the text every token.
@@ -49,7 +56,25 @@ class SamplingParams:
             raise ValueError("stop strings must be at most 256 characters")
         if any(isinstance(t, bool) or not isinstance(t, int) or t < 0 for t in self.stop_token_ids):
             raise ValueError("stop_token_ids must be non-negative integers")
+        self._check_extensions()
+
+    def _check_extensions(self) -> None:
+        if isinstance(self.min_tokens, bool) or not isinstance(self.min_tokens, int):
+            raise ValueError("min_tokens must be an integer")
+        if not 0 <= self.min_tokens <= self.max_tokens:
+            raise ValueError(
+                f"min_tokens must be in [0, max_tokens={self.max_tokens}], got {self.min_tokens}"
+            )
+        if not 0.0 <= self.min_p <= 1.0:
+            raise ValueError(f"min_p must be in [0, 1], got {self.min_p}")
+        if not 0.0 < self.repetition_penalty <= 2.0:
+            raise ValueError(f"repetition_penalty must be in (0, 2], got {self.repetition_penalty}")
 
     @property
     def greedy(self) -> bool:
         return self.temperature == 0.0
+
+    @property
+    def needs_history(self) -> bool:
+        """The sampler must see the sequence's tokens (engine.sampler.Sampler.track)."""
+        return self.min_tokens > 0 or self.repetition_penalty != 1.0

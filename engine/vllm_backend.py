@@ -244,6 +244,10 @@ class VllmAsyncEngine:
             temperature=sampling.temperature,
             top_p=sampling.top_p,
             top_k=max(0, sampling.top_k),
+            min_p=sampling.min_p,
+            repetition_penalty=sampling.repetition_penalty,
+            # vLLM holds back every stop token id (EOS included, above) until min_tokens.
+            min_tokens=sampling.min_tokens,
             seed=sampling.seed,
             stop_token_ids=stop_ids,
             # EOS reaches vLLM as a stop token id (above); vLLM knows no tokenizer here.
