@@ -1,4 +1,5 @@
-"""`mixgate bench compare`: the same seeded workload under each policy, side by side.
+"""`mixgate bench compare`: the same seeded workload under each policy, side by side, on any
+runner (bench/runners.py: live servers, vLLM's, or `--simulate`: virtual time).
 
 Per policy it runs the workload as given ("mixed"), and each class alone ("chat-alone",
 "bulk-alone"), so the headline ratios say what sharing the engine costs each class:
@@ -16,43 +17,23 @@ from __future__ import annotations
 import argparse
 import json
 from dataclasses import replace
-from functools import partial
 from pathlib import Path
 from typing import Any
 
 from rich.console import Console
 from rich.table import Table
 
-from bench.live_run import RunSpec, run_live
 from bench.plots import plot_vs_load
-from bench.processes import redis_url
 from bench.records import read_records
 from bench.report import render_comparison
+from bench.runners import Runner, RunPoint, ensure_model, runner_from_args
 from bench.slo import DEFAULT_SLO_PATH, goodput_bounds
 from bench.summary import goodput, headline_ratios
-from bench.vllm_baseline import is_vllm_policy, run_policy
-from bench.workload import Workload, load_workload
-from engine.make_model import make_model
+from bench.workload import Workload
 from policies.request_class import RequestClass
-from policies.scheduling_policy import SchedulingPolicy
 
-
-class _Named(str):
-    """A policy that is only a name (the vLLM ones), with `.value` like the enum's."""
-
-    @property
-    def value(self) -> str:
-        return str(self)
-
-
-def ensure_model(model: str | None, out: Path, preset: str) -> Path:
-    if model is not None:
-        return Path(model)
-    model_dir = out / "model"
-    if not (model_dir / "config.json").is_file():
-        make_model(model_dir, preset, seed=0)
-    return model_dir
-
+# NOTE: ensure_model is re-exported for its older callers (bench/latency_breakdown.py).
+__all__ = ["compare_policies", "ensure_model", "run_compare", "variants", "with_goodput"]
 
 # Seed offsets of the alone phases: fresh prompts per phase (FIELD-NOTES: a phase that reused
 # another's prompts measured vLLM's prefix cache, not its scheduler).
@@ -79,62 +60,60 @@ def with_goodput(
     return {**summary, "goodput": goodput(records, summary["duration_s"], bounds)}
 
 
-def run_compare(args: argparse.Namespace) -> int:
-    if getattr(args, "simulate", False):
-        from bench.sim_compare import run_simulated_compare  # virtual time, no server
-
-        return run_simulated_compare(args)
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    workload = load_workload(args.workload)
-    if args.duration_s is not None:
-        workload = replace(workload, duration_s=args.duration_s)
-    # NOTE: the vLLM policies (bench/vllm_baseline.py) are names, not engine presets.
-    names = [p.strip() for p in args.policies.split(",")]
-    policies = [_Named(n) if is_vllm_policy(n) else SchedulingPolicy(n) for n in names]
-    model_dir = ensure_model(args.model, out, args.preset)
-    slo_path = Path(getattr(args, "slo", None) or DEFAULT_SLO_PATH)
+def compare_policies(
+    runner: Runner, workload: Workload, policies: list[str], out: Path, slo_path: Path
+) -> list[dict[str, Any]]:
+    """Every variant of the workload under every policy, on one runner: the comparison's rows."""
     bounds = goodput_bounds(slo_path)
     rows: list[dict[str, Any]] = []
-    with redis_url(args.redis_url, out / "redis") as url:
-        for policy in policies:
-            spec = RunSpec(model_dir, url, policy.value, threads=args.threads)
-            run = partial(run_policy, policy.value) if is_vllm_policy(policy.value) else run_live
-            summaries = {
-                name: with_goodput(
-                    run(
-                        spec,
-                        wl,
-                        out / policy.value / name,
-                        f"{workload.name}: {name} under {policy.value}",
-                        {"variant": name, "workload_name": wl.name},
-                    ),
-                    out / policy.value / name,
-                    bounds,
-                )
-                for name, wl in variants(workload)
+    for policy in policies:
+        summaries: dict[str, dict[str, Any]] = {}
+        for name, wl in variants(workload):
+            folder = out / policy / name
+            point = RunPoint(
+                policy,
+                wl,
+                folder,
+                f"{workload.name}: {name} under {policy}",
+                {"variant": name, "workload_name": wl.name},
+            )
+            summaries[name] = with_goodput(runner.run(point), folder, bounds)
+        rows.append(
+            {
+                "policy": policy,
+                "summary": summaries["mixed"],
+                "ratios": headline_ratios(
+                    summaries["mixed"], summaries.get("chat-alone"), summaries.get("bulk-alone")
+                ),
+                "alone": {k: v for k, v in summaries.items() if k != "mixed"},
+                "slo": {"path": str(slo_path), "goodput_bounds_s": bounds},
             }
-            ratios = headline_ratios(
-                summaries["mixed"], summaries.get("chat-alone"), summaries.get("bulk-alone")
-            )
-            rows.append(
-                {
-                    "policy": policy.value,
-                    "summary": summaries["mixed"],
-                    "ratios": ratios,
-                    "alone": {k: v for k, v in summaries.items() if k != "mixed"},
-                    "slo": {"path": str(slo_path), "goodput_bounds_s": bounds},
-                }
-            )
+        )
+    return rows
+
+
+def run_compare(args: argparse.Namespace) -> int:
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    slo_path = Path(getattr(args, "slo", None) or DEFAULT_SLO_PATH)
+    policies = [p.strip() for p in args.policies.split(",") if p.strip()]
+    with runner_from_args(args, out) as runner:
+        for policy in policies:
+            runner.check_policy(policy)
+        workload = runner.load_workload(args.workload)
+        if args.duration_s is not None:
+            workload = replace(workload, duration_s=args.duration_s)
+        rows = compare_policies(runner, workload, policies, out, slo_path)
+    simulated = " (simulated)" if runner.simulated else ""
     (out / "comparison.json").write_text(json.dumps(rows, indent=2) + "\n")
     (out / "comparison.md").write_text(
-        f"# {workload.name}: {', '.join(p.value for p in policies)}\n\n" + render_comparison(rows)
+        f"# {workload.name}{simulated}: {', '.join(policies)}\n\n" + render_comparison(rows)
     )
     plot_vs_load(
         [{"policy": r["policy"], "offered_load": 1.0, **r["summary"]} for r in rows], out / "vs_"
     )
     _print(rows)
-    print(f"results in {out}")
+    print(f"results in {out}{simulated}")
     return 0
 
 

@@ -14,10 +14,8 @@ import httpx
 
 from bench.loadgen import run_load
 from bench.processes import ServerProcess
-from bench.records import MetricSample
-from bench.run_folder import write_run_folder
-from bench.summary import summarize
-from bench.workload import Workload, dump_workload
+from bench.run_folder import write_run
+from bench.workload import Workload
 from engine.model_config import ModelConfig
 
 
@@ -32,21 +30,6 @@ class RunSpec:
     envelope_path: Path | None = None
     # "native" | "vllm" (mixgate serve --engine vllm: run the bench from .venv-vllm).
     engine: str = "native"
-
-
-def server_pressure(samples: list[MetricSample]) -> dict[str, Any]:
-    """Cache pressure and queueing over the run, from the /metrics samples."""
-    if not samples:
-        return {}
-    kv = [s.kv_usage for s in samples]
-    classes = sorted({c for s in samples for c in s.queue_depth})
-    return {
-        "kv_usage_max": max(kv),
-        "kv_usage_mean": sum(kv) / len(kv),
-        "queue_depth_max": {c: max(s.queue_depth.get(c, 0.0) for s in samples) for c in classes},
-        "preemptions": samples[-1].preemptions - samples[0].preemptions,
-        "engine_steps": samples[-1].steps - samples[0].steps,
-    }
 
 
 def model_name(url: str) -> str:
@@ -77,8 +60,6 @@ def run_live(
         result = asyncio.run(run_load(server.url, workload, model=model_name(server.url)))
     finally:
         server.stop()
-    summary = summarize(result.records, result.duration_s)
-    summary["server"] = server_pressure(result.samples)
     model = ModelConfig.from_pretrained(spec.model_dir)
     runtime_config = {
         "policy": spec.policy,
@@ -97,13 +78,4 @@ def run_live(
         "offered": result.offered,
         **extra,
     }
-    write_run_folder(
-        folder,
-        workload_toml=dump_workload(workload),
-        runtime_config=runtime_config,
-        records=result.records,
-        samples=result.samples,
-        summary=summary,
-        title=title,
-    )
-    return summary
+    return write_run(folder, workload, result, runtime_config, title)

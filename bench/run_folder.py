@@ -23,7 +23,7 @@ import sys
 from dataclasses import dataclass
 from importlib import metadata
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from bench.plots import plot_timeline
 from bench.records import (
@@ -34,8 +34,19 @@ from bench.records import (
     write_jsonl,
 )
 from bench.report import render_report
+from bench.summary import summarize
+from bench.workload import Workload, dump_workload
 
-__all__ = ["RUN_FILES", "RunFolder", "read_run_folder", "runtime_facts", "write_run_folder"]
+__all__ = [
+    "RUN_FILES",
+    "RunFolder",
+    "RunResult",
+    "read_run_folder",
+    "runtime_facts",
+    "server_pressure",
+    "write_run",
+    "write_run_folder",
+]
 
 RUN_FILES = (
     "workload.toml",
@@ -140,6 +151,55 @@ def write_run_folder(
     plot_timeline(samples, out_dir / "kv_usage_and_queue_depth.png")
     (out_dir / "report.md").write_text(render_report(title, summary, config))
     return out_dir
+
+
+def server_pressure(samples: list[MetricSample]) -> dict[str, Any]:
+    """Cache pressure and queueing over the run, from the /metrics samples."""
+    if not samples:
+        return {}
+    kv = [s.kv_usage for s in samples]
+    classes = sorted({c for s in samples for c in s.queue_depth})
+    return {
+        "kv_usage_max": max(kv),
+        "kv_usage_mean": sum(kv) / len(kv),
+        "queue_depth_max": {c: max(s.queue_depth.get(c, 0.0) for s in samples) for c in classes},
+        "preemptions": samples[-1].preemptions - samples[0].preemptions,
+        "engine_steps": samples[-1].steps - samples[0].steps,
+    }
+
+
+class RunResult(Protocol):
+    """What a run measured: the load generator's LoadResult or the simulator's SimResult."""
+
+    @property
+    def records(self) -> list[RequestRecord]: ...
+
+    @property
+    def samples(self) -> list[MetricSample]: ...
+
+    @property
+    def duration_s(self) -> float: ...
+
+
+def write_run(
+    folder: Path, workload: Workload, result: RunResult, runtime_config: dict[str, Any], title: str
+) -> dict[str, Any]:
+    """The end of every run (live, vLLM, simulated): summarize its records, add the server's
+    pressure when its /metrics were sampled, write the folder; return the summary."""
+    summary = summarize(result.records, result.duration_s)
+    if result.samples:
+        # NOTE: a plain vLLM server's /metrics are its own and not sampled: no pressure then.
+        summary["server"] = server_pressure(result.samples)
+    write_run_folder(
+        folder,
+        workload_toml=dump_workload(workload),
+        runtime_config=runtime_config,
+        records=result.records,
+        samples=result.samples,
+        summary=summary,
+        title=title,
+    )
+    return summary
 
 
 def read_run_folder(path: Path) -> RunFolder:

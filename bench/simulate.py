@@ -23,15 +23,13 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
-from bench.live_run import server_pressure
 from bench.loadgen import offered_load
-from bench.run_folder import write_run_folder
+from bench.run_folder import write_run
 from bench.sim_gateway import SimGateway
 from bench.sim_run import SimResult, simulate_load, warm_up
 from bench.sim_setup import SimTarget, resolve_target
 from bench.sim_workloads import load_sim_workload
-from bench.summary import summarize
-from bench.workload import Workload, dump_workload
+from bench.workload import Workload
 from engine.config import EngineConfig
 from engine.sim_engine import SimulatedEngine
 from gateway.engine_setup import engine_config
@@ -104,8 +102,6 @@ def run_simulated(
     if spec.seed is not None:
         workload = dataclasses.replace(workload, seed=spec.seed)
     config, target = engine.config, spec.target
-    summary = summarize(result.records, result.duration_s)
-    summary["server"] = server_pressure(result.samples)
     runtime_config = {
         "policy": spec.policy,
         "envelope": envelope.to_dict(),
@@ -127,16 +123,7 @@ def run_simulated(
         "workload_name": workload.name,
         **extra,
     }
-    write_run_folder(
-        folder,
-        workload_toml=dump_workload(workload),
-        runtime_config=runtime_config,
-        records=result.records,
-        samples=result.samples,
-        summary=summary,
-        title=f"{title} (simulated)",
-    )
-    return summary
+    return write_run(folder, workload, result, runtime_config, f"{title} (simulated)")
 
 
 def sim_spec_from_args(args: argparse.Namespace, model: str) -> SimSpec:

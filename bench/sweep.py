@@ -1,4 +1,6 @@
-"""`mixgate bench sweep`: offered load × engine knobs, one live run per point.
+"""`mixgate bench sweep`: offered load × engine knobs, one run per point, on any runner
+(bench/runners.py: a live server per point, or `--simulate`: virtual time, points in
+`--jobs` processes).
 
 Each point is a run folder whose config.json carries `sweep_point` (the load factor and the
 knobs), which is what `mixgate envelope derive` reads to pick the operating envelope.
@@ -10,14 +12,13 @@ import argparse
 import dataclasses
 import itertools
 import json
+import time
 from pathlib import Path
 from typing import Any
 
-from bench.compare import ensure_model
-from bench.live_run import RunSpec, run_live
 from bench.plots import plot_vs_load
-from bench.processes import redis_url
-from bench.workload import load_workload
+from bench.runners import Runner, RunPoint, runner_from_args
+from bench.workload import Workload
 from policies.envelope import Envelope, dump_envelope
 
 
@@ -40,53 +41,59 @@ def point_envelope(base: Envelope, max_active: int, budget: int) -> Envelope:
     )
 
 
-def run_sweep(args: argparse.Namespace) -> int:
-    if getattr(args, "simulate", False):
-        from bench.sim_sweep import run_simulated_sweep  # virtual time, no server
+def sweep_points(
+    runner: Runner, workload: Workload, args: argparse.Namespace, out: Path
+) -> list[dict[str, Any]]:
+    """Every (max_active_seqs, budget) x load point, its folder and envelope file written, run
+    on the runner: the sweep's rows, labelled by their knobs."""
+    knobs = list(itertools.product(_ints(args.max_active_seqs), _ints(args.step_token_budgets)))
+    labelled: list[tuple[str, float, RunPoint]] = []
+    for index, ((max_active, budget), load) in enumerate(
+        itertools.product(knobs, _floats(args.loads))
+    ):
+        envelope = point_envelope(runner.base_envelope, max_active, budget)
+        folder = out / f"point-{index:03d}"
+        folder.mkdir(parents=True, exist_ok=True)
+        envelope_file = folder / "envelope.toml"
+        envelope_file.write_text(dump_envelope(envelope))
+        point_knobs = {
+            "max_active_seqs": max_active,
+            "step_token_budget": budget,
+            "bulk_prefill_chunk_tokens": envelope.bulk_prefill_chunk_tokens,
+        }
+        sweep_point = {"offered_load": load, "knobs": point_knobs, "workload": workload.name}
+        point = RunPoint(
+            args.policy,
+            workload.scaled(load),
+            folder,
+            f"{workload.name} x{load:g}, max_active_seqs={max_active}, budget={budget}",
+            {"sweep_point": sweep_point},
+            envelope_file=envelope_file,
+        )
+        labelled.append((f"seqs={max_active} budget={budget}", load, point))
+    summaries = runner.run_all([point for _, _, point in labelled])
+    return [
+        {"policy": label, "offered_load": load, **summary}
+        for (label, load, _), summary in zip(labelled, summaries, strict=True)
+    ]
 
-        return run_simulated_sweep(args)
+
+def run_sweep(args: argparse.Namespace) -> int:
+    started = time.perf_counter()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    workload = load_workload(args.workload)
-    if args.duration_s is not None:
-        workload = dataclasses.replace(workload, duration_s=args.duration_s)
-    model_dir = ensure_model(args.model, out, args.preset)
-    base = Envelope.default()
-    knobs = list(itertools.product(_ints(args.max_active_seqs), _ints(args.step_token_budgets)))
-    points: list[dict[str, Any]] = []
-    with redis_url(args.redis_url, out / "redis") as url:
-        for index, ((max_active, budget), load) in enumerate(
-            itertools.product(knobs, _floats(args.loads))
-        ):
-            envelope = point_envelope(base, max_active, budget)
-            folder = out / f"point-{index:03d}"
-            folder.mkdir(parents=True, exist_ok=True)
-            envelope_path = folder / "envelope.toml"
-            envelope_path.write_text(dump_envelope(envelope))
-            spec = RunSpec(
-                model_dir, url, args.policy, threads=args.threads, envelope_path=envelope_path
-            )
-            point_knobs = {
-                "max_active_seqs": max_active,
-                "step_token_budget": budget,
-                "bulk_prefill_chunk_tokens": envelope.bulk_prefill_chunk_tokens,
-            }
-            summary = run_live(
-                spec,
-                workload.scaled(load),
-                folder,
-                f"{workload.name} x{load:g}, max_active_seqs={max_active}, budget={budget}",
-                {
-                    "sweep_point": {
-                        "offered_load": load,
-                        "knobs": point_knobs,
-                        "workload": workload.name,
-                    }
-                },
-            )
-            label = f"seqs={max_active} budget={budget}"
-            points.append({"policy": label, "offered_load": load, **summary})
+    with runner_from_args(args, out) as runner:
+        runner.check_policy(args.policy)
+        workload = runner.load_workload(args.workload)
+        if args.duration_s is not None:
+            workload = dataclasses.replace(workload, duration_s=args.duration_s)
+        points = sweep_points(runner, workload, args, out)
     (out / "sweep.json").write_text(json.dumps(points, indent=2) + "\n")
     plot_vs_load(points, out / "sweep_")
-    print(f"{len(points)} points in {out}; next: mixgate envelope derive {out} --slo SLO.toml")
+    kind = "simulated points" if runner.simulated else "points"
+    wall_s = time.perf_counter() - started
+    print(
+        f"{len(points)} {kind} in {out} ({wall_s:.1f} s); "
+        f"next: mixgate envelope derive {out} --slo SLO.toml"
+    )
     return 0

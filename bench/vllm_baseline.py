@@ -14,11 +14,10 @@ from typing import Any
 
 from bench.live_run import RunSpec, run_live
 from bench.loadgen import run_load
-from bench.run_folder import write_run_folder
-from bench.summary import summarize
+from bench.run_folder import write_run
 from bench.vllm_loadgen import VllmSender
 from bench.vllm_server import VllmServer
-from bench.workload import Workload, dump_workload
+from bench.workload import Workload
 from policies.envelope import Envelope, load_envelope
 
 __all__ = ["VLLM_POLICIES", "is_vllm_policy", "run_policy"]
@@ -79,7 +78,6 @@ def run_policy(
         )
     finally:
         server.stop()
-    summary = summarize(result.records, result.duration_s)
     runtime_config = {
         "policy": name,
         "engine": "vllm-openai-server",
@@ -96,13 +94,4 @@ def run_policy(
         "offered": result.offered,
         **extra,
     }
-    write_run_folder(
-        folder,
-        workload_toml=dump_workload(workload),
-        runtime_config=runtime_config,
-        records=result.records,
-        samples=result.samples,
-        summary=summary,
-        title=title,
-    )
-    return summary
+    return write_run(folder, workload, result, runtime_config, title)
