@@ -116,7 +116,10 @@ def create_app(settings: Settings, *, redis_client: aioredis.Redis | None = None
             client, state.store, settings, envelope.queue_limit(RequestClass.BULK)
         )
         state.metrics.watch(
-            state.engine_load, lambda: _depths(state), lambda: engine_step_records(state.engine)
+            state.engine_load,
+            lambda: _depths(state),
+            lambda: engine_step_records(state.engine),
+            lambda: _dispatch_events(state),
         )
         if state.auth.is_open:
             log.warning(
@@ -218,6 +221,12 @@ def _pool(settings: Settings, **where: str) -> aioredis.BlockingConnectionPool:
         decode_responses=True,
         **timeouts,
     )
+
+
+def _dispatch_events(state: GatewayState) -> dict[tuple[str, RequestClass], int]:
+    if state.dispatcher is None:
+        return {}
+    return {(kind.value, c): n for (kind, c), n in state.dispatcher.counters.snapshot().items()}
 
 
 def _depths(state: GatewayState) -> dict[RequestClass, tuple[int, int]]:

@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import weakref
 from collections import deque
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
@@ -113,12 +113,15 @@ class Metrics:
         engine_load: Callable[[], LoadSnapshot | None],
         queue_depths: Callable[[], dict[RequestClass, tuple[int, int]]],
         step_records: Callable[[], Sequence[StepRecord]] | None = None,
+        dispatch_events: Callable[[], Mapping[tuple[str, RequestClass], int]] | None = None,
     ) -> None:
         """Register the scrape-time collectors over the engine, the queues and (when given)
-        the engine's recent step records."""
+        the engine's recent step records and the dispatcher's event totals."""
         self.registry.register(_StateCollector(engine_load, queue_depths))
         if step_records is not None:
             self.registry.register(_StepCollector(step_records))
+        if dispatch_events is not None:
+            self.registry.register(_DispatchCollector(dispatch_events))
 
     def render(self) -> bytes:
         return generate_latest(self.registry)
@@ -262,6 +265,24 @@ class _StepCollector(Collector):
             "Engine steps that left the record between two scrapes",
             value=self._unseen,
         )
+
+
+class _DispatchCollector(Collector):
+    """The dispatcher's totals per event and class (claimed, completed, lease_lost, requeued,
+    ...): a soak's "no lease lost" and an operator's requeue rate are read from here."""
+
+    def __init__(self, dispatch_events: Callable[[], Mapping[tuple[str, RequestClass], int]]):
+        self._dispatch_events = dispatch_events
+
+    def collect(self) -> Iterable[Metric]:
+        events = CounterMetricFamily(
+            "mixgate_dispatch_events",
+            "Dispatcher events on this replica since start",
+            labels=["event", "class"],
+        )
+        for (kind, request_class), count in sorted(self._dispatch_events().items()):
+            events.add_metric([str(kind), request_class.value], count)
+        yield events
 
 
 class _RuntimeCollector(Collector):
