@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import shutil
-from collections.abc import Iterator
+import uuid
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
 import pytest
+import redis.asyncio as aioredis
 
 from bench.processes import start_redis, stop_process
+from gateway.queue.keys import Keys
 from tests.dependencies import missing_dependency
 
 
@@ -35,6 +38,22 @@ def redis_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
         yield f"redis://127.0.0.1:{port}/0"
     finally:
         stop_process(proc)
+
+
+@pytest.fixture
+async def aclient(redis_server: str) -> AsyncIterator[aioredis.Redis]:
+    """An asyncio client of the session's redis-server (str replies), closed after the test."""
+    client = aioredis.from_url(redis_server, decode_responses=True)
+    try:
+        yield client
+    finally:
+        await client.aclose()
+
+
+@pytest.fixture
+def keys() -> Keys:
+    # A random prefix per test: tests share the real server without seeing each other's keys.
+    return Keys(prefix=f"{{mixgate-test-{uuid.uuid4().hex[:12]}}}:")
 
 
 # ---- model folders made offline, once per session -------------------------------------------

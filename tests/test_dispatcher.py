@@ -83,17 +83,9 @@ async def engine(tiny_model_dir: Path) -> AsyncIterator[AsyncEngine]:
 
 
 @pytest.fixture
-async def client(redis_server: str) -> AsyncIterator[aioredis.Redis]:
-    client = aioredis.from_url(redis_server, decode_responses=True)
-    try:
-        yield client
-    finally:
-        await client.aclose()
-
-
-@pytest.fixture
-def keys() -> Keys:
-    return Keys(prefix=f"{{mixgate-disp-{uuid.uuid4().hex[:12]}}}:")
+def client(aclient: aioredis.Redis) -> aioredis.Redis:
+    # This file's name for conftest's client; `keys` (a random prefix per test) is conftest's.
+    return aclient
 
 
 @pytest.fixture

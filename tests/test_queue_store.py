@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import json
 import time
-import uuid
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -60,10 +59,7 @@ async def client(request: pytest.FixtureRequest) -> AsyncIterator[aioredis.Redis
         await c.aclose()
 
 
-@pytest.fixture
-def keys() -> Keys:
-    # A random prefix per test: tests share the real server without seeing each other's keys.
-    return Keys(prefix=f"{{mixgate-test-{uuid.uuid4().hex[:12]}}}:")
+# `keys` (a random prefix per test) comes from tests/conftest.py.
 
 
 @pytest.fixture
