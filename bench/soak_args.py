@@ -12,8 +12,15 @@ def add_soak_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model", default=None, help="model folder (default: make --preset)")
     parser.add_argument("--preset", default="small", help="preset made when --model is not given")
     parser.add_argument("--redis-url", default=None, help="default: a throwaway redis-server")
-    parser.add_argument("--threads", type=int, default=1, help="server torch threads")
-    parser.add_argument("--chat-rate", type=float, default=4.0, help="chat streams per second")
+    parser.add_argument("--threads", type=int, default=2, help="server torch threads")
+    parser.add_argument(
+        "--shape",
+        choices=("chat-over-backlog", "short"),
+        default="chat-over-backlog",
+        help="request lengths: chat-over-backlog's (83-275-token chats of 32 tokens, "
+        "769-1519-token jobs of 128) or short ones (for tests on the tiny model)",
+    )
+    parser.add_argument("--chat-rate", type=float, default=2.0, help="chat streams per second")
     parser.add_argument("--job-rate", type=float, default=1.0, help="bulk jobs per second")
     parser.add_argument("--cancel-fraction", type=float, default=0.2, help="cancelled mid-way")
     parser.add_argument("--sample-s", type=float, default=None, help="default: 30 samples")

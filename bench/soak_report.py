@@ -1,9 +1,10 @@
 """What a soak run samples from the server over time, and the verdict drawn from it.
 
 A sample is the server's resident memory (VmRSS from /proc, no psutil) and a few /metrics
-series: KV cache usage, live asyncio tasks, engine running/waiting sequences and queue depth.
-The verdict: memory flat over the second half of the load, every KV block free at the end,
-the engine idle and the task count back to what it was before the load.
+series: KV cache usage, live asyncio tasks, engine running/waiting sequences, queue depth and
+the dispatcher's lease losses. The verdict: memory flat over the second half of the load,
+every KV block free at the end, the engine idle, the task count back to what it was before the
+load, no lease lost and no request the server failed.
 """
 
 from __future__ import annotations
@@ -28,6 +29,8 @@ class SoakSample:
     running: int
     waiting: int
     queued: int
+    # The dispatcher's lease_lost events since the server started (mixgate_dispatch_events).
+    lease_lost: int = 0
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -35,9 +38,13 @@ class SoakSample:
 
 def sample_from_metrics(text: str, t_s: float, rss_bytes: int | None) -> SoakSample:
     values: dict[str, float] = {}
+    lease_lost = 0.0
     for family in text_string_to_metric_families(text):
         for series in family.samples:
             values[series.name] = values.get(series.name, 0.0) + float(series.value)
+            lost = series.labels.get("event") == "lease_lost"
+            if series.name == "mixgate_dispatch_events_total" and lost:
+                lease_lost += float(series.value)
     return SoakSample(
         t_s=t_s,
         rss_bytes=rss_bytes,
@@ -46,6 +53,7 @@ def sample_from_metrics(text: str, t_s: float, rss_bytes: int | None) -> SoakSam
         running=int(values.get("mixgate_engine_running", 0)),
         waiting=int(values.get("mixgate_engine_waiting", 0)),
         queued=int(values.get("mixgate_queue_depth", 0)),
+        lease_lost=int(lease_lost),
     )
 
 
@@ -59,10 +67,21 @@ class Verdict:
     idle_tasks: int
     final_tasks: int
     no_task_leak: bool
+    # Leases this replica lost during the run (its own renew or complete found it stale).
+    lease_losses: int = 0
+    # Requests the server failed: a 5xx, or a stream that broke.
+    server_errors: int = 0
 
     @property
     def ok(self) -> bool:
-        return self.rss_flat and self.kv_blocks_free and self.engine_idle and self.no_task_leak
+        healthy = self.lease_losses == 0 and self.server_errors == 0
+        return (
+            healthy
+            and self.rss_flat
+            and self.kv_blocks_free
+            and self.engine_idle
+            and self.no_task_leak
+        )
 
     def to_dict(self) -> dict[str, Any]:
         return {**asdict(self), "ok": self.ok}
@@ -79,7 +98,11 @@ def _rss_growth(load: list[SoakSample]) -> int | None:
 
 
 def judge(
-    idle: SoakSample, load: list[SoakSample], final: SoakSample, max_rss_growth_bytes: int
+    idle: SoakSample,
+    load: list[SoakSample],
+    final: SoakSample,
+    max_rss_growth_bytes: int,
+    server_errors: int = 0,
 ) -> Verdict:
     """`idle` before the load, `load` during it, `final` once it has settled."""
     growth = _rss_growth(load)
@@ -92,6 +115,8 @@ def judge(
         idle_tasks=idle.asyncio_tasks,
         final_tasks=final.asyncio_tasks,
         no_task_leak=final.asyncio_tasks <= idle.asyncio_tasks,
+        lease_losses=final.lease_lost - idle.lease_lost,
+        server_errors=server_errors,
     )
 
 
@@ -117,6 +142,8 @@ def format_table(samples: list[SoakSample], verdict: Verdict) -> str:
         f"engine idle at the end: {verdict.engine_idle}",
         f"asyncio tasks: idle {verdict.idle_tasks}, at the end {verdict.final_tasks} "
         f"({'no leak' if verdict.no_task_leak else 'LEAK'})",
+        f"leases lost: {verdict.lease_losses}",
+        f"requests the server failed (5xx or broken stream): {verdict.server_errors}",
         f"verdict: {'PASS' if verdict.ok else 'FAIL'}",
     ]
     return "\n".join(rows)
