@@ -147,7 +147,11 @@ def _payload(
             top_k=-1 if body.top_k is None else body.top_k,
             seed=body.seed,
             stop=stop_list(body),
+            stop_token_ids=tuple(body.stop_token_ids or ()),
             ignore_eos=bool(body.ignore_eos),
+            min_tokens=body.min_tokens or 0,
+            min_p=0.0 if body.min_p is None else body.min_p,
+            repetition_penalty=1.0 if body.repetition_penalty is None else body.repetition_penalty,
         )
     except ValueError as error:
         raise APIError.invalid_request(str(error)) from error
@@ -248,6 +252,8 @@ async def admit(
         ),
         prompt_tokens,
         batched=batched,
+        # A lone admit (a chat) starts on this replica at once when it has a free slot.
+        admit_one=None if state.dispatcher is None else state.dispatcher.admit_here,
     )
     if status is AdmitStatus.QUEUE_FULL:
         state.metrics.rejections.labels(request_class.value, "queue_full").inc()

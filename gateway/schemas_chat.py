@@ -1,4 +1,5 @@
-"""The chat completion request body (OpenAI's fields that mixgate honours, plus two extensions).
+"""The chat completion request body (OpenAI's fields that mixgate honours, plus vLLM's request
+extensions that it implements), and the fields it shares with legacy completions.
 
 Models are strict: ``"max_tokens": "5"`` is a type error as in OpenAI's API, not a silent cast.
 Unknown fields are rejected ("Unrecognized request argument supplied"), as OpenAI does, so a
@@ -34,6 +35,7 @@ __all__ = [
     "Metadata",
     "ParamError",
     "ResponseFormat",
+    "SamplingRequest",
     "StreamOptions",
     "TextPart",
     "check_metadata",
@@ -152,6 +154,8 @@ class StreamOptions(BaseModel):
 
     include_usage: bool | None = None
     """Send a last chunk with empty `choices` and the request's token usage."""
+    continuous_usage_stats: bool | None = None
+    """vLLM extension: every chunk carries the usage so far (with `include_usage`)."""
 
 
 class ResponseFormat(BaseModel):
@@ -195,8 +199,8 @@ def check_metadata(metadata: dict[str, str] | None) -> dict[str, str] | None:
     return metadata
 
 
-# The cross-field rules of `_cross_field`, as JSON Schema (the model's `allOf`).
-CHAT_CROSS_FIELD_RULES: Final[tuple[JsonDict, ...]] = (
+# The cross-field rules of `SamplingRequest._cross_field`, as JSON Schema (the model's `allOf`).
+SAMPLING_CROSS_FIELD_RULES: Final[tuple[JsonDict, ...]] = (
     {
         "anyOf": [
             null_or_absent("stream_options"),
@@ -204,18 +208,28 @@ CHAT_CROSS_FIELD_RULES: Final[tuple[JsonDict, ...]] = (
         ]
     },
     not_both("max_tokens", "max_completion_tokens"),
+    {
+        "anyOf": [
+            null_or_absent("stop"),
+            {"properties": {"min_tokens": {"anyOf": [{"type": "null"}, {"const": 0}]}}},
+        ]
+    },
 )
+# Kept under its old name: the job and batch bodies extend the chat body's rules.
+CHAT_CROSS_FIELD_RULES: Final = SAMPLING_CROSS_FIELD_RULES
+# The most stop token ids one request may carry (each is compared with every sampled token).
+MAX_STOP_TOKEN_IDS: Final = 64
 
 
-class ChatCompletionRequest(BaseModel):
-    """POST /v1/chat/completions."""
+class SamplingRequest(BaseModel):
+    """What chat and legacy completions share: the model, streaming, decoding settings, and
+    vLLM's request extensions that mixgate implements (README: vLLM request extensions)."""
 
     model_config = ConfigDict(
-        **_MODEL_CONFIG, json_schema_extra={"allOf": [*CHAT_CROSS_FIELD_RULES]}
+        **_MODEL_CONFIG, json_schema_extra={"allOf": [*SAMPLING_CROSS_FIELD_RULES]}
     )
 
     model: Annotated[str, Field(min_length=1, max_length=256)]
-    messages: Annotated[list[ChatMessage], Field(min_length=1)]
     stream: _NullableFalse = False
     stream_options: StreamOptions | None = None
     max_tokens: Annotated[int, Field(ge=1, le=MAX_TOKENS_BOUND), _INTEGRAL] | None = None
@@ -247,21 +261,24 @@ class ChatCompletionRequest(BaseModel):
         None
     )
     """Only 0 (not supported otherwise)."""
-    logprobs: Annotated[bool, WithJsonSchema({"type": "boolean", "const": False})] | None = None
-    """Only false (not supported otherwise)."""
     user: Annotated[str, Field(max_length=256)] | None = None
-    metadata: Metadata | None = None
-    """At most 16 keys of at most 64 characters, values of at most 512 characters."""
-    response_format: ResponseFormat | None = None
-    """Only `{"type": "text"}`."""
-    tools: Annotated[list[Any], WithJsonSchema({"type": "array", "maxItems": 0})] | None = None
-    """Not supported: only absent, null or `[]` (a tool is a 400 `unsupported_parameter`)."""
-    tool_choice: Annotated[
-        Any, WithJsonSchema({"anyOf": [{"type": "string", "const": "none"}, {"type": "null"}]})
-    ] = None
-    """Not supported: only absent, null or "none" (else a 400 `unsupported_parameter`)."""
     ignore_eos: _NullableFalse = False
-    """mixgate/vLLM extension: keep generating past the end-of-sequence token."""
+    """vLLM extension: keep generating past the end-of-sequence token."""
+    min_tokens: Annotated[int, Field(ge=0, le=MAX_TOKENS_BOUND), _INTEGRAL] | None = None
+    """vLLM extension: EOS and `stop_token_ids` cannot end the output before this many tokens
+    (at most the output limit; not with `stop` strings)."""
+    min_p: Annotated[float, Field(ge=0.0, le=1.0)] | None = None
+    """vLLM extension: drop tokens less likely than `min_p` times the most likely one."""
+    repetition_penalty: Annotated[float, Field(gt=0.0, le=2.0)] | None = None
+    """vLLM extension: >1 makes tokens of the prompt and output so far less likely (1 is off)."""
+    stop_token_ids: (
+        Annotated[
+            list[Annotated[int, Field(ge=0, le=MAX_TOKENS_BOUND), _INTEGRAL]],
+            Field(max_length=MAX_STOP_TOKEN_IDS),
+        ]
+        | None
+    ) = None
+    """vLLM extension: token ids that end generation (the id's text is not part of the output)."""
 
     @field_validator("stream", "ignore_eos", mode="before")
     @classmethod
@@ -279,7 +296,7 @@ class ChatCompletionRequest(BaseModel):
             )
         return value
 
-    @field_validator("presence_penalty", "frequency_penalty", "logprobs")
+    @field_validator("presence_penalty", "frequency_penalty")
     @classmethod
     def _neutral_only(cls, value: float | bool | None) -> float | bool | None:
         if value:  # 0, 0.0, False and None are the neutral values
@@ -293,6 +310,59 @@ class ChatCompletionRequest(BaseModel):
     def _top_k_range(cls, value: int | None) -> int | None:
         if value is not None and value != -1 and value < 1:
             raise ParamError("top_k must be -1 (keep all tokens) or at least 1.")
+        return value
+
+    @model_validator(mode="after")
+    def _cross_field(self) -> SamplingRequest:
+        if self.max_tokens is not None and self.max_completion_tokens is not None:
+            # NOTE: refused as OpenAI's API refuses it, rather than one silently winning: guessing
+            # wrong changes cost and latency (max_tokens is the deprecated alias).
+            raise ParamError(
+                "Setting 'max_tokens' and 'max_completion_tokens' at the same time is not "
+                "supported.",
+                param="max_tokens",
+                code="invalid_parameter_combination",
+            )
+        if self.stream_options is not None and not self.stream:
+            raise ParamError(
+                "The 'stream_options' parameter is only allowed when 'stream' is enabled.",
+                param="stream_options",
+            )
+        if self.min_tokens and self.stop is not None:
+            # NOTE: vLLM ignores stop strings before min_tokens; mixgate's detokenizer cuts the
+            # text at the first match, so the pair is refused rather than half honoured.
+            raise ParamError(
+                "'min_tokens' together with 'stop' strings is not supported.",
+                param="min_tokens",
+                code="invalid_parameter_combination",
+            )
+        return self
+
+
+class ChatCompletionRequest(SamplingRequest):
+    """POST /v1/chat/completions."""
+
+    messages: Annotated[list[ChatMessage], Field(min_length=1)]
+    logprobs: Annotated[bool, WithJsonSchema({"type": "boolean", "const": False})] | None = None
+    """Only false (not supported otherwise)."""
+    metadata: Metadata | None = None
+    """At most 16 keys of at most 64 characters, values of at most 512 characters."""
+    response_format: ResponseFormat | None = None
+    """Only `{"type": "text"}`."""
+    tools: Annotated[list[Any], WithJsonSchema({"type": "array", "maxItems": 0})] | None = None
+    """Not supported: only absent, null or `[]` (a tool is a 400 `unsupported_parameter`)."""
+    tool_choice: Annotated[
+        Any, WithJsonSchema({"anyOf": [{"type": "string", "const": "none"}, {"type": "null"}]})
+    ] = None
+    """Not supported: only absent, null or "none" (else a 400 `unsupported_parameter`)."""
+
+    @field_validator("logprobs")
+    @classmethod
+    def _no_logprobs(cls, value: bool | None) -> bool | None:
+        if value:
+            raise ParamError(
+                "Only the neutral value (0 or false) is supported.", code="unsupported_value"
+            )
         return value
 
     @field_validator("metadata")
@@ -312,25 +382,11 @@ class ChatCompletionRequest(BaseModel):
         return value
 
     @model_validator(mode="after")
-    def _cross_field(self) -> ChatCompletionRequest:
+    def _no_tools(self) -> ChatCompletionRequest:
         if self.tools:
             raise _unsupported("tools", ": mixgate serves plain text completions")
         if self.tool_choice not in (None, "none"):
             raise _unsupported("tool_choice", ": mixgate serves plain text completions")
-        if self.max_tokens is not None and self.max_completion_tokens is not None:
-            # NOTE: refused as OpenAI's API refuses it, rather than one silently winning: guessing
-            # wrong changes cost and latency (max_tokens is the deprecated alias).
-            raise ParamError(
-                "Setting 'max_tokens' and 'max_completion_tokens' at the same time is not "
-                "supported.",
-                param="max_tokens",
-                code="invalid_parameter_combination",
-            )
-        if self.stream_options is not None and not self.stream:
-            raise ParamError(
-                "The 'stream_options' parameter is only allowed when 'stream' is enabled.",
-                param="stream_options",
-            )
         return self
 
 
@@ -356,7 +412,7 @@ def messages_as_dicts(req: ChatCompletionRequest) -> list[dict[str, str]]:
     return result
 
 
-def stop_list(req: ChatCompletionRequest) -> tuple[str, ...]:
+def stop_list(req: SamplingRequest) -> tuple[str, ...]:
     if req.stop is None:
         return ()
     if isinstance(req.stop, str):
@@ -364,7 +420,7 @@ def stop_list(req: ChatCompletionRequest) -> tuple[str, ...]:
     return tuple(req.stop)
 
 
-def effective_max_tokens(req: ChatCompletionRequest, default: int) -> int:
+def effective_max_tokens(req: SamplingRequest, default: int) -> int:
     """The output limit asked for, or the server's default when the client gave none."""
     if req.max_completion_tokens is not None:
         return req.max_completion_tokens
@@ -373,6 +429,6 @@ def effective_max_tokens(req: ChatCompletionRequest, default: int) -> int:
     return default
 
 
-def include_usage(req: ChatCompletionRequest) -> bool:
+def include_usage(req: SamplingRequest) -> bool:
     """Whether a stream ends with a usage chunk (``stream_options.include_usage``)."""
     return bool(req.stream_options is not None and req.stream_options.include_usage)
