@@ -13,6 +13,7 @@ from engine.attention import (
 )
 from engine.model import LlamaModel
 from engine.model_config import ModelConfig
+from engine.prepacked_linear import prepack_linears, prepacking_supported
 from engine.sampler import Sampler
 from engine.scheduler_output import ScheduledChunk, SchedulerOutput
 from engine.step_inputs import StepInputBuilder, StepInputs
@@ -41,8 +42,16 @@ class ModelRunner:
         dtype: torch.dtype,
         device: torch.device,
         seed: int,
+        *,
+        prepack: bool = True,
     ):
         config = model.config
+        # oneDNN-prepacked weights where this CPU runs them (engine/prepacked_linear.py: 2-7x
+        # faster small-row GEMMs than torch's default path on Zen 4); `prepack=False` keeps
+        # torch's own linears (EngineConfig.prepack_linears).
+        self.prepacked = prepack and prepacking_supported(device, dtype)
+        if self.prepacked:
+            prepack_linears(model)
         self.model = model
         self.block_size = block_size
         self.device = device
