@@ -30,13 +30,16 @@ def _ints(text: str) -> list[int]:
     return [int(x) for x in text.split(",") if x.strip()]
 
 
-def point_envelope(base: Envelope, max_active: int, budget: int) -> Envelope:
+def point_envelope(
+    base: Envelope, max_active: int, budget: int, bulk_chunk_tokens: int | None = None
+) -> Envelope:
     """The envelope of one sweep point: the base with the point's knobs."""
+    chunk = base.bulk_prefill_chunk_tokens if bulk_chunk_tokens is None else bulk_chunk_tokens
     return dataclasses.replace(
         base,
         max_active_seqs=max_active,
         step_token_budget=budget,
-        bulk_prefill_chunk_tokens=min(base.bulk_prefill_chunk_tokens, budget),
+        bulk_prefill_chunk_tokens=min(chunk, budget),
         interactive_reserved_seqs=min(base.interactive_reserved_seqs, max_active - 1),
     )
 
@@ -44,14 +47,17 @@ def point_envelope(base: Envelope, max_active: int, budget: int) -> Envelope:
 def sweep_points(
     runner: Runner, workload: Workload, args: argparse.Namespace, out: Path
 ) -> list[dict[str, Any]]:
-    """Every (max_active_seqs, budget) x load point, its folder and envelope file written, run
-    on the runner: the sweep's rows, labelled by their knobs."""
-    knobs = list(itertools.product(_ints(args.max_active_seqs), _ints(args.step_token_budgets)))
+    """Every (max_active_seqs, budget, bulk chunk) x load point, its folder and envelope file
+    written, run on the runner: the sweep's rows, labelled by their knobs."""
+    chunks: list[int | None] = list(_ints(getattr(args, "bulk_prefill_chunks", ""))) or [None]
+    knobs = list(
+        itertools.product(_ints(args.max_active_seqs), _ints(args.step_token_budgets), chunks)
+    )
     labelled: list[tuple[str, float, RunPoint]] = []
-    for index, ((max_active, budget), load) in enumerate(
+    for index, ((max_active, budget, chunk), load) in enumerate(
         itertools.product(knobs, _floats(args.loads))
     ):
-        envelope = point_envelope(runner.base_envelope, max_active, budget)
+        envelope = point_envelope(runner.base_envelope, max_active, budget, chunk)
         folder = out / f"point-{index:03d}"
         folder.mkdir(parents=True, exist_ok=True)
         envelope_file = folder / "envelope.toml"
@@ -66,11 +72,15 @@ def sweep_points(
             args.policy,
             workload.scaled(load),
             folder,
-            f"{workload.name} x{load:g}, max_active_seqs={max_active}, budget={budget}",
+            f"{workload.name} x{load:g}, max_active_seqs={max_active}, budget={budget}, "
+            f"bulk chunk={envelope.bulk_prefill_chunk_tokens}",
             {"sweep_point": sweep_point},
             envelope_file=envelope_file,
         )
-        labelled.append((f"seqs={max_active} budget={budget}", load, point))
+        label = f"seqs={max_active} budget={budget}"
+        if chunk is not None:
+            label += f" chunk={envelope.bulk_prefill_chunk_tokens}"
+        labelled.append((label, load, point))
     summaries = runner.run_all([point for _, _, point in labelled])
     return [
         {"policy": label, "offered_load": load, **summary}

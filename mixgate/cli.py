@@ -154,6 +154,12 @@ def _add_bench(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     sweep.add_argument("--loads", default="0.5,1,1.5", help="load factors applied to the workload")
     sweep.add_argument("--max-active-seqs", default="16,32")
     sweep.add_argument("--step-token-budgets", default="256,512")
+    sweep.add_argument(
+        "--bulk-prefill-chunks",
+        default="",
+        help="bulk prefill chunk sizes in tokens (default: the base envelope's, capped by "
+        "the budget): the knob that bounds the step a chat decodes beside",
+    )
     sweep.add_argument("--policy", default="mixgate")
     sweep.set_defaults(handler=_bench_sweep)
     _add_soak(kinds)

@@ -47,6 +47,8 @@ def test_sweep_then_derive(tiny_model_dir: Path, redis_server: str, tmp_path: Pa
                 "8",
                 "--step-token-budgets",
                 "64",
+                "--bulk-prefill-chunks",
+                "32",
                 "--duration-s",
                 "2",
             ]
@@ -66,5 +68,6 @@ def test_sweep_then_derive(tiny_model_dir: Path, redis_server: str, tmp_path: Pa
     )
     envelope = load_envelope(envelope_path.read_text())
     assert envelope.max_active_seqs == 8 and envelope.step_token_budget == 64
+    assert envelope.bulk_prefill_chunk_tokens == 32
     assert envelope.provenance.source == "sweep"
     assert envelope.provenance.workload == "tiny-sweep"
