@@ -55,7 +55,13 @@ class LLMEngine:
             self.config.kv_cache_bytes // kv_block_bytes(model_config, block_size, self.dtype),
         )
         runner = ModelRunner(
-            model, num_blocks, block_size, self.dtype, self.device, self.config.seed
+            model,
+            num_blocks,
+            block_size,
+            self.dtype,
+            self.device,
+            self.config.seed,
+            prepack=self.config.prepack_linears,
         )
         self.tokenizer = tokenizer
         self._init_core(model_config, runner, num_blocks, tokenizer.eos_token_ids)
