@@ -20,8 +20,9 @@ from starlette.routing import Route
 
 from gateway import redis_health, routes_batches, routes_chat, routes_jobs, routes_ops
 from gateway.admission_service import AdmissionService
-from gateway.auth import ApiKeyStore, TokenBucketLimiter
+from gateway.auth import OPEN_MODE_WARNING, ApiKeyStore, TokenBucketLimiter
 from gateway.batch.runtime import BatchRuntime
+from gateway.console import ConsoleLive, console_routes
 from gateway.dispatcher import Dispatcher, DispatcherConfig
 from gateway.embedded_redis import EmbeddedRedis
 from gateway.engine_setup import engine_config, resolve_model_dir, start_engine
@@ -83,7 +84,9 @@ def create_app(settings: Settings, *, redis_client: aioredis.Redis | None = None
         Route("/metrics", routes_ops.metrics, methods=["GET"]),
         Route("/openapi.json", routes_ops.openapi, methods=["GET"]),
         *routes_batches.batch_routes(),
+        *console_routes(),
     ]
+    console = ConsoleLive(state)
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
@@ -122,16 +125,13 @@ def create_app(settings: Settings, *, redis_client: aioredis.Redis | None = None
             lambda: _dispatch_events(state),
         )
         if state.auth.is_open:
-            log.warning(
-                "auth_open",
-                message="no API keys configured: open dev mode, "
-                "every request is tenant 'default' with all classes",
-            )
+            log.warning("auth_open", message=OPEN_MODE_WARNING)
         tasks = [
             asyncio.create_task(_bring_up(state), name="bring-up"),
             asyncio.create_task(_watch_redis(state), name="watch-redis"),
             asyncio.create_task(state.batch.supervisor.run(), name="batch-supervisor"),
             asyncio.create_task(state.metrics.probe_loop_lag(), name="loop-lag-probe"),
+            asyncio.create_task(console.run(), name="console-sampler"),
         ]
         try:
             yield
@@ -160,6 +160,7 @@ def create_app(settings: Settings, *, redis_client: aioredis.Redis | None = None
         lifespan=lifespan,
     )
     app.state.gw = state
+    app.state.console = console
     return app
 
 

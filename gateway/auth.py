@@ -3,9 +3,11 @@
 Keys come from a JSON or TOML document::
 
     {"keys": [{"key": "...", "tenant": "acme", "classes": ["interactive", "bulk"],
-               "rate_limit_per_s": 10}]}
+               "rate_limit_per_s": 10, "admin": false}]}
 
-``classes`` defaults to every class and ``rate_limit_per_s`` to no limit. Only sha256 digests
+``classes`` defaults to every class, ``rate_limit_per_s`` to no limit and ``admin`` to false
+(an admin key sees every tenant's jobs and batches and the live view in the operator console,
+``/console``; it changes nothing on the API routes). Only sha256 digests
 of the keys are kept, lookups compare every digest in constant time, and no key ever appears in
 an error, a repr or a log line. With no keys configured (``ApiKeyStore.open()``) every request
 is tenant ``default`` with every class: for development only, and ``is_open`` lets startup warn.
@@ -29,6 +31,7 @@ from gateway.errors import APIError
 from policies.request_class import RequestClass
 
 __all__ = [
+    "OPEN_MODE_WARNING",
     "OPEN_TENANT",
     "ApiKeyStore",
     "Principal",
@@ -38,10 +41,14 @@ __all__ = [
 ]
 
 OPEN_TENANT: Final = "default"
+# What the server logs at start in open mode, and what the operator console shows.
+OPEN_MODE_WARNING: Final = (
+    "no API keys configured: open dev mode, every request is tenant 'default' with all classes"
+)
 ALL_CLASSES: Final = frozenset(RequestClass)
 # Tenants name Redis keys, metric labels and log fields: a closed alphabet keeps them safe there.
 _TENANT = re.compile(r"[A-Za-z0-9._-]{1,64}")
-_ENTRY_FIELDS: Final = frozenset({"key", "tenant", "classes", "rate_limit_per_s"})
+_ENTRY_FIELDS: Final = frozenset({"key", "tenant", "classes", "rate_limit_per_s", "admin"})
 _KEY_ID_HEX_CHARS: Final = 8
 
 
@@ -55,6 +62,8 @@ class Principal:
     rate_limit_per_s: float | None
     # The first hex digits of the key's sha256: names the key in logs without revealing it.
     key_id: str
+    # Marked admin in the key file: the operator console shows it every tenant and the live view.
+    admin: bool = False
 
     def __post_init__(self) -> None:
         if not self.tenant:
@@ -105,12 +114,16 @@ def _parse_entry(raw: Any, index: int) -> tuple[bytes, Principal]:
     tenant = raw.get("tenant")
     if not isinstance(tenant, str) or not _TENANT.fullmatch(tenant):
         raise ValueError(f"{where}.tenant must be 1-64 characters of A-Z, a-z, 0-9, '.', '_', '-'")
+    admin = raw.get("admin", False)
+    if not isinstance(admin, bool):
+        raise ValueError(f"{where}.admin must be true or false")
     digest = _digest(key)
     principal = Principal(
         tenant=tenant,
         allowed_classes=_parse_classes(raw.get("classes"), where),
         rate_limit_per_s=_parse_rate(raw.get("rate_limit_per_s"), where),
         key_id=digest.hex()[:_KEY_ID_HEX_CHARS],
+        admin=admin,
     )
     return digest, principal
 
@@ -207,6 +220,13 @@ class ApiKeyStore:
     @property
     def is_open(self) -> bool:
         return not self._entries
+
+    @property
+    def tenants(self) -> tuple[str, ...]:
+        """Every configured tenant, sorted (open mode: the one tenant every request is)."""
+        if self.is_open:
+            return (OPEN_TENANT,)
+        return tuple(sorted({principal.tenant for _, principal in self._entries}))
 
     @property
     def key_ids(self) -> tuple[str, ...]:

@@ -37,7 +37,14 @@ from policies.admission import QueueState
 from policies.request_class import RequestClass
 from policies.scheduling_policy import SchedulingPolicy
 
-__all__ = ["batch_routes", "cancel_batch", "create_batch", "get_batch", "list_batches"]
+__all__ = [
+    "batch_routes",
+    "cancel_batch",
+    "cancel_owned",
+    "create_batch",
+    "get_batch",
+    "list_batches",
+]
 
 # `errors.data` lists at most this many malformed lines; the error file has every one.
 MAX_REPORTED_ERRORS: Final = 1000
@@ -148,8 +155,13 @@ async def cancel_batch(request: Request) -> Response:
     cancelled); a batch already cancelling or cancelled is returned as it is; 409 otherwise."""
     state: GatewayState = request.app.state.gw
     principal = authenticate(request, state)
-    batch_id = request.path_params["batch_id"]
-    record = await _owned(state, batch_id, principal.tenant)
+    record = await cancel_owned(state, request.path_params["batch_id"], principal.tenant)
+    return JSONResponse(batch_object(record))
+
+
+async def cancel_owned(state: GatewayState, batch_id: str, tenant: str) -> BatchRecord:
+    """Cancel the tenant's batch (also the operator console's cancel); the batch after it."""
+    record = await _owned(state, batch_id, tenant)
     outcome = await runtime(state).batches.transition(
         batch_id,
         [BatchStatus.VALIDATING.value, BatchStatus.IN_PROGRESS.value],
@@ -163,7 +175,7 @@ async def cancel_batch(request: Request) -> Response:
             "invalid_request_error",
             "batch_not_cancellable",
         )
-    return JSONResponse(batch_object(await _owned(state, batch_id, principal.tenant)))
+    return await _owned(state, batch_id, tenant)
 
 
 async def list_batches(request: Request) -> Response:
