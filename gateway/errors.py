@@ -259,7 +259,7 @@ async def _handle_unexpected(request: Request, exc: Exception) -> Response:
 
 async def _handle_redis_error(request: Request, exc: Exception) -> Response:
     # Redis down, or every pooled connection busy past the pool timeout: the request was not
-    # accepted, so the client may retry (503, as DESIGN.md's HTTP conventions say).
+    # accepted, so the client may retry (503, as docs/ARCHITECTURE.md's HTTP conventions say).
     state = getattr(request.app.state, "gw", None)
     if state is not None:
         # The next requests then fail fast instead of each finding out on its own.

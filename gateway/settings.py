@@ -134,7 +134,7 @@ class Settings:
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> Settings:
-        """Settings from MIXGATE_* variables (REDIS_URL is honoured too, as DESIGN.md says)."""
+        """Settings from MIXGATE_* variables, and REDIS_URL (docs/ARCHITECTURE.md, "Processes")."""
         env = os.environ if environ is None else environ
         values: dict[str, Any] = {}
         for f in fields(cls):
