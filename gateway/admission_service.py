@@ -8,7 +8,7 @@ class's queue bound (a queue that filled up in between still answers `queue_full
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
 from engine.step_record import LoadSnapshot
@@ -135,12 +135,22 @@ class AdmissionService:
         )
 
     async def enqueue(
-        self, job: NewJob, prompt_tokens: int, *, batched: bool = False
+        self,
+        job: NewJob,
+        prompt_tokens: int,
+        *,
+        batched: bool = False,
+        admit_one: Callable[[NewJob], Awaitable[AdmitResult]] | None = None,
     ) -> AdmitStatus:
-        """Admit one job; `batched` (bulk intake) shares one script call with its neighbours."""
-        result = await (self._admits.call(job) if batched else self.store.admit(job))
+        """Admit one job; `batched` (bulk intake) shares one script call with its neighbours;
+        `admit_one` replaces the store's lone admit (the dispatcher's, which may start it)."""
+        if batched:
+            result = await self._admits.call(job)
+        else:
+            result = await (admit_one or self.store.admit)(job)
         if result.admitted:
-            self._count_admitted(job.request_class, result.depth, job.cost_tokens)
+            if not result.started:  # a started job never entered the queue
+                self._count_admitted(job.request_class, result.depth, job.cost_tokens)
             self._prompt_share[job.request_class].update(prompt_tokens, job.cost_tokens)
             if job.request_class is RequestClass.INTERACTIVE:
                 self._mean_interactive_prompt_tokens += _MEAN_PROMPT_WEIGHT * (

@@ -37,7 +37,7 @@ from gateway.dispatcher_job import JobRunner, LocalJob
 from gateway.dispatcher_notices import ScriptOutcomes
 from gateway.dispatcher_retry import Backoff
 from gateway.dispatcher_waits import ClaimWaits
-from gateway.queue import ClaimedJob, QueueStore, ReclaimResult
+from gateway.queue import AdmitResult, AdmitStatus, ClaimedJob, NewJob, QueueStore, ReclaimResult
 from gateway.token_stream import TokenStreams
 from policies.request_class import RequestClass
 
@@ -104,6 +104,10 @@ class Dispatcher:
         )
         # Keyed by lease token: one job id can be here twice (a lost lease, claimed again).
         self._jobs: dict[int, LocalJob] = {}
+        # Slots promised to calls in flight, per class: the claim loop's current claim and
+        # the direct starts (`admit_here`), so that neither overfills a class behind the other.
+        self._claiming: set[RequestClass] = set()
+        self._starting: dict[RequestClass, int] = dict.fromkeys(RequestClass, 0)
         self._tasks: dict[int, asyncio.Task[None]] = {}
         self._unmatched_cancels: OrderedDict[str, None] = OrderedDict()
         self._waits = ClaimWaits(store, config.wait_timeout_s, self._backoff)
@@ -199,7 +203,39 @@ class Dispatcher:
     def _classes_with_room(self) -> list[RequestClass]:
         in_flight = self.in_flight()
         limits = self.config.max_active_by_class
-        return [c for c in self._open_classes if in_flight[c] < limits[c]]
+        return [c for c in self._open_classes if in_flight[c] + self._starting[c] < limits[c]]
+
+    async def admit_here(self, job: NewJob) -> AdmitResult:
+        """Admit `job`, and start it on this replica at once when its class has a free slot
+        here and nothing of its class is queued; otherwise queue it as `QueueStore.admit`.
+
+        NOTE: a started job costs one script call (no queue entry, no wake-up, no claim, no
+        claim reply to parse), and the job task is created before this returns, so its route
+        is decided before the caller's handler reads anything (no stream read for a chat
+        whose client is here). Only for jobs whose id the gateway generated.
+        """
+        cls = job.request_class
+        if self._can_start(cls):
+            self._starting[cls] += 1
+            try:
+                cfg = self.config
+                claimed = await self._store.start(
+                    job, self._clock_ms(), cfg.lease_ms, cfg.replica_id
+                )
+            finally:
+                self._starting[cls] -= 1
+            if claimed is not None:
+                self._launch(claimed, started_here=True)
+                return AdmitResult(status=AdmitStatus.ADMITTED, depth=0, started=True)
+        return await self._store.admit(job)
+
+    def _can_start(self, cls: RequestClass) -> bool:
+        if self._claim_task is None or self._waits.stopping.is_set():
+            return False  # not serving (drain-and-return mode, or stopping)
+        if not self._engine.is_running or cls not in self._open_classes:
+            return False
+        busy = self.in_flight()[cls] + self._starting[cls] + (1 if cls in self._claiming else 0)
+        return busy < self.config.max_active_by_class[cls]
 
     async def _claim_one(self, classes: Sequence[RequestClass]) -> bool:
         """One claim; True when claiming again may find more (it leased a job and its queues
@@ -207,17 +243,21 @@ class Dispatcher:
         the asked queues: the next job's admit touches the wake-up key, so waiting on it
         replaces a claim that would find nothing."""
         cfg = self.config
-        result = await self._store.claim(
-            classes, self._clock_ms(), cfg.lease_ms, cfg.replica_id, cfg.class_offsets_ms
-        )
+        self._claiming.update(classes)
+        try:
+            result = await self._store.claim(
+                classes, self._clock_ms(), cfg.lease_ms, cfg.replica_id, cfg.class_offsets_ms
+            )
+        finally:
+            self._claiming.clear()
         if result.claimed is not None:
             self._launch(result.claimed)
         if result.expired_ids:
             await self._outcomes.expired(result.expired_ids)
         return (result.claimed is not None and result.more) or bool(result.expired_ids)
 
-    def _launch(self, claimed: ClaimedJob) -> None:
-        local = LocalJob(claimed)
+    def _launch(self, claimed: ClaimedJob, *, started_here: bool = False) -> None:
+        local = LocalJob(claimed, started_here=started_here)
         if local.job_id in self._unmatched_cancels:
             del self._unmatched_cancels[local.job_id]
             local.cancel_requested = True

@@ -58,6 +58,8 @@ class LocalJob:
     listener: Listener | None = None
     # The parsed request, once run() read it.
     payload: JobPayload | None = None
+    # Admitted straight into running here (`Dispatcher.admit_here`), not claimed from a queue.
+    started_here: bool = False
 
     def __post_init__(self) -> None:
         # Flagged before the claim (the claim script reads the flag): it raced the claim.
@@ -145,6 +147,12 @@ class JobRunner:
                 local.listener.detach(local.token)
 
     async def _run(self, local: LocalJob) -> None:
+        if local.started_here:
+            # NOTE: decided now, in the task's first step, not at the first event: the handler
+            # that admitted the job registered its listener with no await since the start,
+            # and its stream reader (created later) must find the attempt attached, or it
+            # would issue one XREAD that can only time out.
+            self._route(local)
         if local.cancel_requested:
             await self._finish_cancelled(local)
             return

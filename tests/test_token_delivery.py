@@ -2,8 +2,9 @@
 it, over Redis only when it is not, and nothing per token for bulk jobs nobody reads.
 
 Real redis-server, real `mixgate serve` processes and a real engine on the tiny model. Redis
-commands are counted at the server with MONITOR, which marks the commands that Lua scripts run
-(`lua`), so a script call counts once, as the round trip it is.
+commands are counted at the server (INFO commandstats, which counts the commands that Lua
+scripts run as well), and MONITOR, which lists the same commands and marks those that scripts
+run (`lua`), says which of them were the chat's and which were round trips.
 """
 
 from __future__ import annotations
@@ -160,6 +161,12 @@ class CommandLog(threading.Thread):
                     elif self._marks == 1:
                         self._seen.append(command)
 
+    def wait_monitoring(self) -> None:
+        """Until MONITOR is on and the markers' connection is open (its HELLO, which MONITOR
+        never lists, falls before any count)."""
+        assert self._monitoring.wait(30), "MONITOR did not start"
+        self._client.ping()
+
     def mark(self, marks: int) -> None:
         """Send marker number `marks` and wait until MONITOR has shown it."""
         assert self._monitoring.wait(30), "MONITOR did not start"
@@ -212,6 +219,46 @@ def quiet_server(
         stop_process(proc)
 
 
+def _groups(commands: list[dict[str, Any]]) -> list[list[dict[str, Any]]]:
+    """Each client command with the commands its script ran (MONITOR lists those right after
+    it: Redis runs a script to its end before anything else)."""
+    groups: list[list[dict[str, Any]]] = []
+    for command in commands:
+        if command["client_type"] == "lua" and groups:
+            groups[-1].append(command)
+        else:
+            groups.append([command])
+    return groups
+
+
+# What an idle replica sends on its own: the wake-up wait, the empty claim after its timeout
+# (a script call and the queue heads it reads), health pings, a new connection's HELLO.
+_IDLE_COMMANDS = {"bzpopmin", "evalsha", "zrange", "ping", "hello"}
+
+
+def _calls_by_name(client: redis.Redis) -> Counter[str]:
+    """INFO commandstats: calls so far per command name (the counter's own INFO left out)."""
+    stats = client.info("commandstats")
+    return Counter(
+        {
+            name.removeprefix("cmdstat_"): int(entry["calls"])
+            for name, entry in stats.items()
+            if isinstance(entry, dict) and name != "cmdstat_info"
+        }
+    )
+
+
+def _is_idle(group: list[dict[str, Any]], scripts: dict[str, str]) -> bool:
+    """The idle dispatcher's own traffic: its 1 s wake-up wait, and the claim after each
+    timeout that finds nothing (no ZREM: it took no job)."""
+    words = group[0]["command"].split(" ")
+    name = words[0].lower()
+    if name == "bzpopmin":
+        return True
+    claim = name == "evalsha" and len(words) > 1 and scripts.get(words[1]) == "claim"
+    return claim and not any(c["command"].lower().startswith("zrem ") for c in group[1:])
+
+
 @pytest.mark.slow
 async def test_a_streamed_chat_on_one_replica_costs_at_most_12_redis_commands(
     quiet_server: tuple[ServerProcess, redis.Redis, str], engine: AsyncEngine
@@ -221,23 +268,44 @@ async def test_a_streamed_chat_on_one_replica_costs_at_most_12_redis_commands(
     await asyncio.to_thread(_chat_text, server, model, 4)  # warm: first-request paths
     log = CommandLog(url)
     log.start()
+    log.wait_monitoring()
+    before = _calls_by_name(client)
     log.mark(1)
     text, job_id, chunks = await asyncio.to_thread(_chat_text, server, model, MAX_TOKENS)
     log.mark(2)
-    commands = [c for c in log.between() if c["client_type"] != "lua"]
-    names = _names(commands)
-    # NOTE: the idle dispatcher blocks on the wake-up key for 1 s at a time, then claims once
-    # and blocks again: each timeout inside the window adds one BZPOPMIN and one claim that
-    # are not the chat's. How many fit depends on how long the chat took on this CPU, so they
-    # are taken out; the BZPOPMIN the chat's own claim leads to is kept.
-    idle_cycles = max(0, names["bzpopmin"] - 1)
-    per_chat = sum(names.values()) - 2 * idle_cycles
-    print(f"\nredis commands per {MAX_TOKENS}-token chat: {per_chat} {dict(names)}")
-    assert per_chat <= 12, names
-    # Delivered in-process: the chat's tokens never went through Redis.
-    assert names["xadd"] == 0 and not client.exists(Keys(server.key_prefix).out(job_id))
+    after = _calls_by_name(client)
+    scripts = _script_names()
+    groups = _groups(log.between())
+    # NOTE: the idle replica's own traffic (its dispatcher's 1 s wake-up wait and the empty
+    # claim after each timeout, pings) lands in any window, more of it the slower this CPU:
+    # MONITOR says which commands were the chat's, and those are counted, with the commands
+    # their scripts ran. The chat itself never wakes the dispatcher (a chat with a free slot
+    # here starts at once: no queue entry, no wake-up), which is asserted below.
+    chat = [c for g in groups if not _is_idle(g, scripts) for c in g]
+    per_chat = len(chat)
+    print(
+        f"\nredis commands per {MAX_TOKENS}-token chat (at the server): {per_chat} {_names(chat)}"
+    )
+    assert per_chat <= 12, [c["command"][:80] for c in chat]
+    # INFO commandstats agrees: beside the chat's commands and the two markers, the server
+    # ran only idle traffic over the window.
+    by_name = Counter(c["command"].split(" ")[0].lower() for c in chat)
+    by_name["echo"] += 2
+    rest = Counter({name: after[name] - before.get(name, 0) for name in after}) - by_name
+    assert set(rest) <= _IDLE_COMMANDS, rest
+    assert all(after[name] - before.get(name, 0) >= n for name, n in by_name.items())
+    # Three round trips: start (admit + lease), first token marked, fenced complete.
+    round_trips = [g[0] for g in groups if not _is_idle(g, scripts)]
+    assert len(round_trips) == 3, _names(round_trips)
+    names = _names(chat)
+    # Delivered in-process: the chat's tokens never went through Redis (no XADD, no XREAD).
+    assert names["xadd"] == 0 and names["xread"] == 0
+    assert not client.exists(Keys(server.key_prefix).out(job_id))
+    assert not any(Keys(server.key_prefix).wake in c["command"] for c in chat)
     expected_text, _ = await _reference(engine, MAX_TOKENS)
     assert text == expected_text and chunks > 0
+    record = client.hgetall(Keys(server.key_prefix).job(job_id))
+    assert (record["status"], record["attempts"], record["tokens_sent"]) == ("completed", "1", "1")
 
 
 # ---- two replicas: the chat's job runs on the other one ----------------------------------------

@@ -21,6 +21,9 @@ class AdmitResult:
     status: AdmitStatus
     # Length of the class queue after the call (including the new job when admitted).
     depth: int
+    # Admitted straight into running on this replica (`QueueStore.start`): never queued, so
+    # the queue's depth and queued tokens do not count it.
+    started: bool = False
 
     def __post_init__(self) -> None:
         if self.depth < 0:

@@ -43,6 +43,7 @@ _Arg = str | int
 
 _SCRIPTS = (
     "admit",
+    "start",
     "claim",
     "renew",
     "complete",
@@ -123,6 +124,55 @@ class QueueStore:
             AdmitResult(status=AdmitStatus(redis_text(flat[i])), depth=int(flat[i + 1]))
             for i in range(0, len(flat), 2)
         ]
+
+    async def start(
+        self, job: NewJob, now_ms: int, lease_ms: int, replica_id: str
+    ) -> ClaimedJob | None:
+        """Admit `job` straight into running under `replica_id`'s lease (what admit and then
+        this replica's claim would do, in one step); None, with nothing written, when a job of
+        its class is queued (starting would overtake it), its class queue is closed or its
+        deadline passed: admit it to the queue then.
+
+        Only for a job whose id the gateway generated (the script skips the duplicate check).
+        """
+        if lease_ms < 1:
+            raise ValueError(f"lease_ms must be >= 1, got {lease_ms}")
+        if not replica_id:
+            raise ValueError("replica_id must be non-empty")
+        k = self.keys
+        keys = [
+            k.job(job.job_id),
+            k.pending(job.request_class),
+            k.inflight,
+            k.fence,
+            k.tenant_jobs(job.tenant),
+        ]
+        args: list[_Arg] = [*job.admit_args(), now_ms, lease_ms, replica_id]
+        token, expiry_ms = await self._scripts["start"](keys=keys, args=args)
+        if int(token) == 0:
+            return None
+        record = JobRecord(
+            job_id=job.job_id,
+            tenant=job.tenant,
+            request_class=job.request_class,
+            status=JobStatus.RUNNING,
+            request_json=job.request_json,
+            enqueue_ms=job.enqueue_ms,
+            deadline_ms=job.deadline_ms,
+            cost_tokens=job.cost_tokens,
+            attempts=1,
+            max_attempts=job.max_attempts,
+            lease_token=int(token),
+            replica=replica_id,
+            started_ms=now_ms if now_ms > 0 else None,
+            finished_ms=None,
+            result_json=None,
+            error_json=None,
+            tokens_sent=False,
+            custom_id=job.custom_id,
+            metadata_json=job.metadata_json,
+        )
+        return ClaimedJob(job=record, lease_token=int(token), lease_expiry_ms=int(expiry_ms))
 
     async def claim(
         self,

@@ -23,8 +23,13 @@ end
 redis.call('HSET', job_key, 'status', status, 'result', ARGV[4], 'error', ARGV[5],
   'finished_ms', ARGV[6])
 redis.call('ZREM', inflight_key, id)
--- The flag only matters while the job runs; drop it rather than wait for its TTL.
-redis.call('DEL', cancel_key)
+-- The flag only matters while the job runs. A cancelled job had one: drop it rather than wait
+-- for its TTL. Any other outcome almost never has one (a cancel that lost the race with the
+-- last token): its TTL removes it, and no later step reads it (a terminal job never runs
+-- again), so the common completion spends no command on a flag that is not there.
+if status == 'cancelled' then
+  redis.call('DEL', cancel_key)
+end
 if ARGV[7] ~= '' then
   redis.call('XADD', KEYS[4], '*', 'e', ARGV[7], 'd', ARGV[8])
   redis.call('EXPIRE', KEYS[4], ARGV[9])

@@ -3,9 +3,13 @@
 --
 -- KEYS[1] job:{id}
 -- Returns 1 when marked, 0 when the job does not exist.
+--
+-- NOTE: one write instead of EXISTS + HSET: every job hash has the field (admit and start
+-- write it), so HSET adds a field (answers 1) exactly when the hash did not exist, and the
+-- HDEL then removes the one-field hash it made.
 
-if redis.call('EXISTS', KEYS[1]) == 0 then
+if redis.call('HSET', KEYS[1], 'tokens_sent', '1') == 1 then
+  redis.call('HDEL', KEYS[1], 'tokens_sent')
   return 0
 end
-redis.call('HSET', KEYS[1], 'tokens_sent', '1')
 return 1
