@@ -20,7 +20,7 @@ from engine.scheduler_output import Preemption, ScheduledChunk, SchedulerOutput
 from engine.sequence import Sequence, SequenceStatus
 from policies.request_class import RequestClass
 from policies.scheduling_policy import SchedulingPolicy
-from policies.step_budget import plan_step_budget
+from policies.step_budget import bulk_prefill_cap_after_interactive, plan_step_budget
 
 INTERACTIVE, BULK = RequestClass.INTERACTIVE, RequestClass.BULK
 
@@ -142,10 +142,18 @@ class Scheduler:
             ),
             bulk_min_share=self.config.bulk_min_share,
         )
+        interactive_decode_tokens = self._tokens(state, INTERACTIVE)
         self._schedule_prefills(
             INTERACTIVE, plan.interactive_prefill_limit_tokens, state, now_s, bulk_aged
         )
-        self._schedule_prefills(BULK, plan.bulk_prefill_cap_tokens, state, now_s, bulk_aged)
+        bulk_prefill_cap = plan.bulk_prefill_cap_tokens
+        if self.policy.caps_bulk_prefill:
+            bulk_prefill_cap = bulk_prefill_cap_after_interactive(
+                plan,
+                interactive_prefill_tokens=self._tokens(state, INTERACTIVE)
+                - interactive_decode_tokens,
+            )
+        self._schedule_prefills(BULK, bulk_prefill_cap, state, now_s, bulk_aged)
 
         chunks = sorted(state.chunks.values(), key=lambda c: not c.is_decode)
         output = SchedulerOutput(

@@ -5,6 +5,11 @@ Order of claim on the budget (DESIGN.md, "Scheduling model"):
 sequences, 3. interactive prefill chunks, 4. bulk prefill chunks, at most
 `bulk_prefill_chunk_tokens` and only from what is left, except that bulk work that has
 waited past its aging threshold is guaranteed `bulk_min_share` of the budget.
+
+A step that runs an interactive prefill carries no bulk prefill beyond that guarantee
+(`bulk_prefill_cap_after_interactive`): the chat's first token waits on exactly that step, and
+a bulk chunk beside it adds its whole cost to the chat's TTFT for a few tokens of bulk work
+(chats are short and few next to the backlog, so bulk loses a step's chunk now and then).
 """
 
 from __future__ import annotations
@@ -21,6 +26,8 @@ class StepBudgetPlan:
     bulk_prefill_cap_tokens: int
     # Tokens bulk is guaranteed this step (decodes included); 0 unless bulk is aged.
     bulk_guaranteed_tokens: int
+    # Of the guarantee, the prefill tokens set aside for bulk before interactive prefill.
+    bulk_reserved_prefill_tokens: int = 0
 
 
 def plan_step_budget(
@@ -47,4 +54,15 @@ def plan_step_budget(
         # NOTE: an aged bulk backlog may exceed the normal chunk cap by its guarantee.
         bulk_prefill_cap_tokens=max(bulk_prefill_chunk_tokens, reserved_prefill),
         bulk_guaranteed_tokens=guaranteed,
+        bulk_reserved_prefill_tokens=reserved_prefill,
     )
+
+
+def bulk_prefill_cap_after_interactive(
+    plan: StepBudgetPlan, *, interactive_prefill_tokens: int
+) -> int:
+    """The bulk prefill cap once the step's interactive prefill is known: only what bulk is
+    guaranteed when an interactive prefill runs in this step, the plan's cap otherwise."""
+    if interactive_prefill_tokens > 0:
+        return plan.bulk_reserved_prefill_tokens
+    return plan.bulk_prefill_cap_tokens

@@ -279,3 +279,30 @@ def test_interactive_preempts_aged_bulk_down_to_its_floor() -> None:
     assert {p.victim_class for p in output.preemptions} == {BULK}
     assert sum(1 for s in h.scheduler.running if s.request_class is BULK) == 1
     assert sum(1 for c in chats if c.status is SequenceStatus.RUNNING) == 3
+
+
+def test_a_step_with_an_interactive_prefill_carries_no_bulk_prefill_unless_bulk_is_aged() -> None:
+    """The chat's first token waits on its prefill step: a bulk chunk beside it would add its
+    whole cost to the chat's TTFT. Aged bulk keeps its guaranteed share even then."""
+    config = EngineConfig(
+        max_active_seqs=8,
+        step_token_budget=64,
+        bulk_prefill_chunk_tokens=16,
+        block_size_tokens=4,
+        bulk_aging_s=1.0,
+        bulk_min_share=0.25,
+    )
+    h = Harness(config, num_blocks=400, seed=3)
+    h.add(BULK, 200, 4)
+    assert h.step().tokens_for(BULK) == 16  # alone, bulk prefills its chunk
+    h.add(INTERACTIVE, 20, 4)
+    step = h.step()
+    assert step.tokens_for(INTERACTIVE) == 20 and step.tokens_for(BULK) == 0
+    assert h.step().tokens_for(BULK) == 16  # the chat decodes: bulk prefill is back
+
+    h.now_s += 2.0  # bulk has now waited past its aging threshold
+    h.add(INTERACTIVE, 20, 4)
+    step = h.step()
+    assert step.tokens_by_kind[(INTERACTIVE, "prefill")] == 20
+    # the guarantee (0.25 x 64) stands beside the chat
+    assert step.tokens_by_kind[(BULK, "prefill")] == 16
