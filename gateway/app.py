@@ -18,7 +18,14 @@ from starlette.applications import Starlette
 from starlette.middleware import Middleware
 from starlette.routing import Route
 
-from gateway import redis_health, routes_batches, routes_chat, routes_jobs, routes_ops
+from gateway import (
+    redis_health,
+    routes_batches,
+    routes_chat,
+    routes_completions,
+    routes_jobs,
+    routes_ops,
+)
 from gateway.admission_service import AdmissionService
 from gateway.auth import OPEN_MODE_WARNING, ApiKeyStore, TokenBucketLimiter
 from gateway.batch.runtime import BatchRuntime
@@ -72,6 +79,7 @@ def create_app(settings: Settings, *, redis_client: aioredis.Redis | None = None
     )
     routes = [
         Route("/v1/chat/completions", routes_chat.chat_completions, methods=["POST"]),
+        Route("/v1/completions", routes_completions.completions, methods=["POST"]),
         Route("/v1/jobs", routes_jobs.create_job, methods=["POST"]),
         Route("/v1/jobs", routes_jobs.list_jobs, methods=["GET"]),
         Route("/v1/jobs/{job_id}", routes_jobs.get_job, methods=["GET"]),

@@ -24,6 +24,7 @@ from gateway.schemas import (
     messages_as_dicts,
     stop_list,
 )
+from gateway.schemas_chat import SamplingRequest
 from gateway.state import GatewayState
 from policies.admission import RequestShape
 from policies.classify import CLASS_HEADER, classify
@@ -98,7 +99,7 @@ def build_payload(
 ) -> JobPayload:
     """Tokenize with the chat template and settle the decoding settings (400 on nonsense)."""
     assert state.tokenizer is not None
-    return _payload(state, body, request_class, _encode(state, body))
+    return payload_for_prompt(state, body, request_class, _encode(state, body))
 
 
 async def build_payload_off_loop(
@@ -111,7 +112,7 @@ async def build_payload_off_loop(
     """
     loop = asyncio.get_running_loop()
     prompt = await loop.run_in_executor(_tokenize_pool(), _encode, state, body)
-    return _payload(state, body, request_class, prompt)
+    return payload_for_prompt(state, body, request_class, prompt)
 
 
 _POOL: ThreadPoolExecutor | None = None
@@ -134,9 +135,10 @@ def _encode(state: GatewayState, body: ChatCompletionRequest) -> list[int]:
         ) from error
 
 
-def _payload(
-    state: GatewayState, body: ChatCompletionRequest, request_class: RequestClass, prompt: list[int]
+def payload_for_prompt(
+    state: GatewayState, body: SamplingRequest, request_class: RequestClass, prompt: list[int]
 ) -> JobPayload:
+    """The job payload for a tokenized prompt: the body's decoding settings (400 on nonsense)."""
     limits = state.envelope.length_limits(request_class)
     room = max(1, min(limits.max_output_tokens, limits.max_context_tokens - len(prompt)))
     try:

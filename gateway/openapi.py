@@ -14,7 +14,9 @@ from pydantic import BaseModel
 
 from gateway.batch.schemas import BatchCreateRequest
 from gateway.openapi_batch import BATCH_SCHEMAS, batch_paths
+from gateway.openapi_completions import COMPLETION_SCHEMAS, VLLM_EXTENSIONS_POLICY, completion_paths
 from gateway.schemas_chat import ChatCompletionRequest
+from gateway.schemas_completions import CompletionRequest
 from gateway.schemas_jobs import JobCreateRequest
 from policies.classify import CLASS_HEADER
 
@@ -27,7 +29,8 @@ _DESCRIPTION: Final = (
     "OpenAI-compatible gateway serving interactive chat (SSE) and bulk jobs (REST) from one "
     'engine. Errors are `{"error": {"message", "type", "code", "param"}}`; a 429 '
     "carries `Retry-After` (seconds), and a 405 an `Allow` header naming the path's methods. "
-    "Every operation that needs an API key may answer 429 when the key's rate limit is spent."
+    "Every operation that needs an API key may answer 429 when the key's rate limit is spent. "
+    + VLLM_EXTENSIONS_POLICY
 )
 
 
@@ -507,7 +510,8 @@ def _paths() -> dict[str, Any]:
 
 
 def _all_paths() -> dict[str, Any]:
-    return {**_paths(), **batch_paths()}
+    completions = completion_paths([_CLASS_HEADER_PARAM], _errors(*_SUBMIT_ERRORS))
+    return {**_paths(), **completions, **batch_paths()}
 
 
 _METHODS: Final = frozenset({"get", "put", "post", "delete", "options", "head", "patch", "trace"})
@@ -528,9 +532,10 @@ def build_openapi(
     """The whole document; build it once at startup and serve the same dict."""
     schemas: dict[str, Any] = {}
     _model_schema(ChatCompletionRequest, schemas)
+    _model_schema(CompletionRequest, schemas)
     _model_schema(JobCreateRequest, schemas)
     _model_schema(BatchCreateRequest, schemas)
-    for name, schema in {**_RESPONSE_SCHEMAS, **BATCH_SCHEMAS}.items():
+    for name, schema in {**_RESPONSE_SCHEMAS, **COMPLETION_SCHEMAS, **BATCH_SCHEMAS}.items():
         if name in schemas:  # pragma: no cover - a programming error caught by the tests
             raise ValueError(f"schema name {name!r} is used twice")
         schemas[name] = copy.deepcopy(schema)

@@ -68,6 +68,7 @@ def parse_job_request(data: Any) -> JobCreateRequest:
 _KNOWN_UNSUPPORTED: Final = frozenset(
     {
         "audio",
+        "best_of",
         "function_call",
         "functions",
         "logit_bias",
@@ -76,8 +77,42 @@ _KNOWN_UNSUPPORTED: Final = frozenset(
         "prediction",
         "reasoning_effort",
         "store",
+        "suffix",
         "top_logprobs",
         "web_search_options",
+    }
+)
+
+# vLLM's request extensions that mixgate does not implement (README: vLLM request extensions):
+# refused by name rather than as unknown, so a vLLM user sees what to drop. The ones it
+# implements are fields of SamplingRequest.
+_VLLM_UNIMPLEMENTED: Final = frozenset(
+    {
+        "add_generation_prompt",
+        "add_special_tokens",
+        "allowed_token_ids",
+        "bad_words",
+        "chat_template",
+        "chat_template_kwargs",
+        "continue_final_message",
+        "guided_choice",
+        "guided_decoding_backend",
+        "guided_grammar",
+        "guided_json",
+        "guided_regex",
+        "guided_whitespace_pattern",
+        "include_stop_str_in_output",
+        "length_penalty",
+        "logits_processors",
+        "priority",
+        "prompt_logprobs",
+        "return_tokens_as_token_ids",
+        "skip_special_tokens",
+        "spaces_between_special_tokens",
+        "structured_outputs",
+        "truncate_prompt_tokens",
+        "use_beam_search",
+        "vllm_xargs",
     }
 )
 
@@ -190,6 +225,9 @@ def _message_and_code(
     if kind == "extra_forbidden":
         if param in _KNOWN_UNSUPPORTED:
             return f"'{param}' is not supported by this server.", "unsupported_parameter"
+        if param in _VLLM_UNIMPLEMENTED:
+            message = f"'{param}' (a vLLM extension) is not implemented by this server."
+            return message, "unsupported_parameter"
         if param is not None and "." not in param:
             return f"Unrecognized request argument supplied: {param}", "unknown_parameter"
         return f"Unrecognized argument: {subject}.", "unknown_parameter"

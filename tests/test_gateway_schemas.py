@@ -440,6 +440,7 @@ def test_openapi_covers_the_api() -> None:
     doc = build_openapi()
     expected = {
         ("POST", "/v1/chat/completions"),
+        ("POST", "/v1/completions"),
         ("GET", "/v1/models"),
         ("POST", "/v1/jobs"),
         ("GET", "/v1/jobs"),

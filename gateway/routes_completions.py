@@ -1,0 +1,101 @@
+"""POST /v1/completions: OpenAI's legacy completions (vllm bench serve's default endpoint).
+
+The same path as chat (`gateway.generation_stream`): classification, admission, queues,
+envelope limits, delivery, SSE format and usage chunk; only the prompt (text tokenized with
+the model's special tokens, or token ids as given) and the JSON shapes are this endpoint's.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from starlette.requests import Request
+from starlette.responses import Response
+
+from gateway.errors import APIError
+from gateway.generation_stream import admit_and_answer, continuous_usage, read_body
+from gateway.intake import (
+    Admitted,
+    authenticate,
+    payload_for_prompt,
+    request_class,
+    require_model,
+    require_ready,
+)
+from gateway.redis_health import require_redis
+from gateway.schemas_completions import (
+    CompletionRequest,
+    completion_body,
+    completion_chunk_body,
+    parse_completion_request,
+    prompt_text_or_ids,
+)
+from gateway.state import GatewayState
+from policies.request_class import RequestClass
+
+
+class CompletionShape:
+    """`text_completion` bodies and chunks (no role chunk: the first chunk is text)."""
+
+    endpoint = "completions"
+
+    def first_chunk(self, admitted: Admitted) -> dict[str, Any] | None:
+        return None
+
+    def text_chunk(self, admitted: Admitted, text: str) -> dict[str, Any]:
+        payload = admitted.payload
+        return completion_chunk_body(admitted.job_id, payload.created_s, payload.model, text, None)
+
+    def finish_chunk(self, admitted: Admitted, finish_reason: str) -> dict[str, Any]:
+        payload = admitted.payload
+        return completion_chunk_body(
+            admitted.job_id, payload.created_s, payload.model, "", finish_reason
+        )
+
+    def usage_chunk(self, admitted: Admitted, usage: Mapping[str, int]) -> dict[str, Any]:
+        payload = admitted.payload
+        return completion_chunk_body(
+            admitted.job_id, payload.created_s, payload.model, "", None, usage
+        )
+
+    def whole_body(
+        self, admitted: Admitted, text: str, finish_reason: str, usage: Mapping[str, int]
+    ) -> dict[str, Any]:
+        payload = admitted.payload
+        return completion_body(
+            admitted.job_id, payload.created_s, payload.model, text, finish_reason, usage
+        )
+
+
+def _prompt_ids(state: GatewayState, body: CompletionRequest) -> list[int]:
+    prompt = prompt_text_or_ids(body)
+    if not isinstance(prompt, str):
+        return prompt  # the engine checks the ids against the vocabulary (400 `prompt`)
+    assert state.tokenizer is not None
+    ids = state.tokenizer.encode(prompt, add_special_tokens=True)
+    if not ids:
+        raise APIError.invalid_request("the prompt encodes to no tokens", param="prompt")
+    return ids
+
+
+async def completions(request: Request) -> Response:
+    state: GatewayState = request.app.state.gw
+    # Redis first: its 503 carries Retry-After and a precise code.
+    require_redis(state)
+    require_ready(state)
+    principal = authenticate(request, state)
+    body = parse_completion_request(await read_body(request, state))
+    require_model(state, body.model)
+    cls = request_class(request, RequestClass.INTERACTIVE, body.service_tier, principal)
+    payload = payload_for_prompt(state, body, cls, _prompt_ids(state, body))
+    return await admit_and_answer(
+        request,
+        state,
+        principal,
+        cls,
+        payload,
+        CompletionShape(),
+        id_prefix="cmpl-",
+        usage_in_every_chunk=continuous_usage(body),
+    )
