@@ -117,8 +117,14 @@ def model_name(server: ServerProcess) -> str:
 
 
 def sign_in(driver: WebDriver, server: ServerProcess, key: str) -> None:
-    driver.get(server.url + "/console/")
-    driver.execute_script("sessionStorage.clear()")
+    # A fresh tab: session storage is per tab, so it starts without the last test's key
+    # (clearing it under a running console would race its polls into 401s).
+    old_tabs = driver.window_handles
+    driver.switch_to.new_window("tab")
+    for handle in old_tabs:
+        driver.switch_to.window(handle)
+        driver.close()
+    driver.switch_to.window(driver.window_handles[0])
     driver.get(server.url + "/console/")
     field = driver.find_element(By.ID, "api-key")
     field.send_keys(key)
@@ -130,8 +136,13 @@ def wait(driver: WebDriver, condition: Any, timeout_s: float = WAIT_S) -> Any:
 
 
 def data_value(driver: WebDriver, element_id: str) -> str | None:
-    found = driver.find_elements(By.ID, element_id)
-    return found[0].get_attribute("data-value") if found else None
+    # One script call: the live table is rebuilt every second, so an element found by one
+    # WebDriver call may be gone by the next.
+    value = driver.execute_script(
+        "const e = document.getElementById(arguments[0]); return e ? e.dataset.value : null;",
+        element_id,
+    )
+    return None if value is None else str(value)
 
 
 def scrape(server: ServerProcess) -> dict[str, Any]:
@@ -244,7 +255,8 @@ def test_playground_streams_a_reply(server: ServerProcess, browser: WebDriver) -
     assert browser.find_element(By.ID, "chat-output").text != ""
     assert int(browser.find_element(By.ID, "chat-tokens").text) >= 1
     assert browser.find_element(By.ID, "chat-ttft").text.endswith(" ms")
-    assert severe_logs(browser) == []
+    errors = severe_logs(browser)
+    assert errors == [], errors
 
 
 def test_bulk_depth_matches_metrics_and_cancel_from_page(

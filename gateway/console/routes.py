@@ -19,7 +19,6 @@ from starlette.requests import Request
 from starlette.responses import (
     HTMLResponse,
     JSONResponse,
-    RedirectResponse,
     Response,
     StreamingResponse,
 )
@@ -81,10 +80,6 @@ def _store(state: GatewayState) -> QueueStore:
 
 
 # ---- the page ---------------------------------------------------------------------------------
-
-
-async def index_redirect(request: Request) -> Response:
-    return RedirectResponse("/console/", status_code=307)
 
 
 async def index(request: Request) -> Response:
@@ -255,22 +250,25 @@ def _page(data: list[dict[str, Any]], items: list[Any], has_more: bool) -> dict[
 
 
 def console_routes() -> list[BaseRoute]:
-    """The console's routes, for the app factory (the static files ship in the package)."""
-    return [
-        Route("/console", index_redirect, methods=["GET"]),
-        Route("/console/", index, methods=["GET"]),
+    """The console, mounted at /console for the app factory (its static files ship in the
+    package; ``/console`` itself redirects to ``/console/``, by Starlette's slash rule). A
+    mount of its own: the console's API is not part of the OpenAI-shaped API that
+    /openapi.json documents."""
+    routes: list[BaseRoute] = [
+        Route("/", index, methods=["GET"]),
         Mount(
-            "/console/static",
+            "/static",
             app=StaticFiles(packages=[("gateway.console", "static")]),
             name="console-static",
         ),
-        Route("/console/api/mode", mode, methods=["GET"]),
-        Route("/console/api/session", session, methods=["GET"]),
-        Route("/console/api/live", live, methods=["GET"]),
-        Route("/console/api/envelope", envelope, methods=["GET"]),
-        Route("/console/api/jobs", list_jobs, methods=["GET"]),
-        Route("/console/api/jobs/{job_id}/cancel", cancel_job, methods=["POST"]),
-        Route("/console/api/batches", list_batches, methods=["GET"]),
-        Route("/console/api/batches/{batch_id}/cancel", cancel_batch, methods=["POST"]),
-        Route("/console/api/batches/{batch_id}/files/{which:str}", batch_file, methods=["GET"]),
+        Route("/api/mode", mode, methods=["GET"]),
+        Route("/api/session", session, methods=["GET"]),
+        Route("/api/live", live, methods=["GET"]),
+        Route("/api/envelope", envelope, methods=["GET"]),
+        Route("/api/jobs", list_jobs, methods=["GET"]),
+        Route("/api/jobs/{job_id}/cancel", cancel_job, methods=["POST"]),
+        Route("/api/batches", list_batches, methods=["GET"]),
+        Route("/api/batches/{batch_id}/cancel", cancel_batch, methods=["POST"]),
+        Route("/api/batches/{batch_id}/files/{which:str}", batch_file, methods=["GET"]),
     ]
+    return [Mount("/console", routes=routes)]

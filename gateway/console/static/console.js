@@ -49,7 +49,11 @@ async function api(path, options = {}) {
   const text = await response.text();
   let body = null;
   try { body = text ? JSON.parse(text) : null; } catch (_) { body = null; }
-  if (!response.ok) throw new ApiError(response.status, body);
+  if (!response.ok) {
+    const error = new ApiError(response.status, body);
+    if (response.status === 401 && consoleState.session) keyRejected(error);
+    throw error;
+  }
   return body;
 }
 
@@ -101,13 +105,11 @@ async function signIn(key) {
   try {
     session = await api("/console/api/session");
   } catch (error) {
-    sessionStorage.removeItem(KEY_STORAGE);
-    stop();
-    $("main").hidden = true;
     if (error.status === 401) {
-      showMessage("That API key was not accepted (" + (error.code || "unauthorized") + "): " +
-                  error.message + " Check the key and sign in again.");
+      keyRejected(error);
     } else {
+      stop();
+      $("main").hidden = true;
       showMessage("The console could not reach the server: " + error.message);
     }
     return;
@@ -123,6 +125,17 @@ async function signIn(key) {
   $("live-denied").hidden = session.live_view;
   $("live-body").hidden = !session.live_view;
   start();
+}
+
+// The key was refused (a wrong key, or one removed from the key file while signed in).
+function keyRejected(error) {
+  sessionStorage.removeItem(KEY_STORAGE);
+  stop();
+  consoleState.session = null;
+  $("main").hidden = true;
+  $("who").textContent = "";
+  showMessage("That API key was not accepted (" + (error.code || "unauthorized") + "): " +
+              error.message + " Check the key and sign in again.");
 }
 
 function signOut() {
