@@ -81,7 +81,15 @@ class LiveRunner:
     redis_url: str
     threads: int
     simulated: bool = False
-    base_envelope: Envelope = dataclasses.field(default_factory=Envelope.default)
+    # The envelope every point's server runs (--envelope) unless the point brings its own
+    # (a sweep point's knobs applied to it); None: the server's built-in default.
+    envelope_file: Path | None = None
+
+    @property
+    def base_envelope(self) -> Envelope:
+        if self.envelope_file is None:
+            return Envelope.default()
+        return load_envelope(self.envelope_file.read_text())
 
     def load_workload(self, name: str) -> Workload:
         return load_workload(name)
@@ -97,7 +105,7 @@ class LiveRunner:
             self.redis_url,
             point.policy,
             threads=self.threads,
-            envelope_path=point.envelope_file,
+            envelope_path=point.envelope_file or self.envelope_file,
         )
         args = (spec, point.workload, point.folder, point.title, point.extra)
         if is_vllm_policy(point.policy):
@@ -159,4 +167,10 @@ def runner_from_args(args: argparse.Namespace, out: Path) -> Iterator[Runner]:
         return
     model_dir = ensure_model(args.model, out, args.preset)
     with redis_url(args.redis_url, out / "redis") as url:
-        yield LiveRunner(model_dir, url, threads=args.threads)
+        envelope = getattr(args, "envelope", None)
+        yield LiveRunner(
+            model_dir,
+            url,
+            threads=args.threads,
+            envelope_file=Path(envelope) if envelope else None,
+        )

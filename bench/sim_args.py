@@ -20,7 +20,10 @@ def add_simulation_flags(parser: argparse.ArgumentParser, *, switch: bool) -> No
             "--jobs", type=int, default=None, help="simulated runs at once (default: CPU count)"
         )
         parser.add_argument(
-            "--envelope", default=None, help="simulated: the base envelope TOML (default built-in)"
+            "--envelope",
+            default=None,
+            help="the base envelope TOML: a live server runs it, the simulator reads it "
+            "(default: built-in)",
         )
     parser.add_argument(
         "--device",

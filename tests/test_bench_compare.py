@@ -3,6 +3,7 @@ results folder is written, for every policy and variant."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 
@@ -10,6 +11,7 @@ import pytest
 
 from bench.run_folder import RUN_FILES
 from mixgate.cli import main
+from policies.envelope import Envelope, dump_envelope
 
 TINY_WORKLOAD = """
 name = "tiny-mixed"
@@ -33,6 +35,11 @@ output_tokens = { kind = "uniform", min = 4, max = 8 }
 def test_compare_writes_every_file(tiny_model_dir: Path, redis_server: str, tmp_path: Path) -> None:
     workload = tmp_path / "tiny.toml"
     workload.write_text(TINY_WORKLOAD)
+    # An envelope the live servers must run (a chunk no default has).
+    envelope = tmp_path / "envelope.toml"
+    envelope.write_text(
+        dump_envelope(dataclasses.replace(Envelope.default(), bulk_prefill_chunk_tokens=24))
+    )
     out = tmp_path / "out"
     code = main(
         [
@@ -48,6 +55,8 @@ def test_compare_writes_every_file(tiny_model_dir: Path, redis_server: str, tmp_
             redis_server,
             "--policies",
             "fcfs,mixgate",
+            "--envelope",
+            str(envelope),
         ]
     )
     assert code == 0
@@ -58,6 +67,8 @@ def test_compare_writes_every_file(tiny_model_dir: Path, redis_server: str, tmp_
             assert not missing, f"{folder}: missing {missing}"
             summary = json.loads((folder / "summary.json").read_text())
             assert summary["overall"]["count"] > 0
+            served = json.loads((folder / "config.json").read_text())["envelope"]
+            assert served["bulk_prefill_chunk_tokens"] == 24, served
     rows = json.loads((out / "comparison.json").read_text())
     assert [r["policy"] for r in rows] == ["fcfs", "mixgate"]
     assert all(r["ratios"]["interactive_ttft_p99_ratio"] is not None for r in rows)
