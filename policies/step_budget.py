@@ -1,6 +1,6 @@
 """How one step's token budget is split between the classes (pure: the scheduler applies it).
 
-Order of claim on the budget (DESIGN.md, "Scheduling model"):
+Order of claim on the budget (docs/ARCHITECTURE.md, "Scheduling model"):
 1. decode tokens of running interactive sequences, 2. decode tokens of running bulk
 sequences, 3. interactive prefill chunks, 4. bulk prefill chunks, at most
 `bulk_prefill_chunk_tokens` and only from what is left, except that bulk work that has
