@@ -11,10 +11,15 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Annotated, Any
 
-from pydantic import Field, ValidationError, WithJsonSchema, field_validator
+from pydantic import BeforeValidator, Field, ValidationError, WithJsonSchema, field_validator
 
 from gateway.schemas import usage_body, validation_error_to_api_error
-from gateway.schemas_chat import MAX_TOKENS_BOUND, ParamError, SamplingRequest
+from gateway.schemas_chat import (
+    MAX_TOKENS_BOUND,
+    ParamError,
+    SamplingRequest,
+    integral_float_to_int,
+)
 
 __all__ = [
     "CompletionRequest",
@@ -24,7 +29,8 @@ __all__ = [
     "prompt_text_or_ids",
 ]
 
-_TOKEN_ID = Annotated[int, Field(ge=0, le=MAX_TOKENS_BOUND)]
+# `5.0` is the integer 5 in JSON Schema's words (and in chat's integer fields).
+_TOKEN_ID = Annotated[int, Field(ge=0, le=MAX_TOKENS_BOUND), BeforeValidator(integral_float_to_int)]
 _TEXT = Annotated[str, Field(min_length=1)]
 _IDS = Annotated[list[_TOKEN_ID], Field(min_length=1)]
 # A list of prompts is accepted only when it holds one (a batch of prompts is n > 1 choices).
@@ -46,7 +52,7 @@ class CompletionRequest(SamplingRequest):
     @field_validator("prompt", mode="before")
     @classmethod
     def _one_prompt(cls, value: Any) -> Any:
-        if isinstance(value, list) and len(value) > 1 and not isinstance(value[0], int):
+        if isinstance(value, list) and len(value) > 1 and isinstance(value[0], (str, list)):
             raise ParamError(
                 "Only one prompt per request is supported (n=1): send a string, a list of "
                 "token ids, or a list holding one of them.",
