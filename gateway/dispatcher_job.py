@@ -13,12 +13,12 @@ once complete() said ok.
 
 from __future__ import annotations
 
-import json
 from collections.abc import AsyncGenerator, Callable
 from dataclasses import dataclass
 from functools import partial
 from typing import Any, cast
 
+import orjson
 import redis.asyncio as aioredis
 import redis.exceptions
 import structlog
@@ -252,7 +252,9 @@ class JobRunner:
         reason = final.finish_reason
         result = {"text": text, "finish_reason": reason, "usage": usage, "timings": timings}
         end = {"finish_reason": reason, "usage": usage, "timings": timings}
-        if not await self._complete(local, JobStatus.COMPLETED, json.dumps(result), None, END, end):
+        if not await self._complete(
+            local, JobStatus.COMPLETED, orjson.dumps(result).decode(), None, END, end
+        ):
             return
         itls_s = final.metrics.itls_s if final.metrics is not None else []
         self._emit(local, DispatchEventKind.COMPLETED, {**timings, "itls_s": itls_s})
@@ -264,7 +266,9 @@ class JobRunner:
     async def _fail(self, local: LocalJob, status: int, code: str, message: str) -> None:
         error = {"code": code, "message": message}
         last = {"status": status, **error}
-        if await self._complete(local, JobStatus.FAILED, None, json.dumps(error), ERROR, last):
+        if await self._complete(
+            local, JobStatus.FAILED, None, orjson.dumps(error).decode(), ERROR, last
+        ):
             self._emit(local, DispatchEventKind.FAILED)
 
     async def _complete(

@@ -17,6 +17,7 @@ from http import HTTPStatus
 from itertools import accumulate
 from typing import Any, Final
 
+import orjson
 from redis.exceptions import RedisError
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
@@ -310,11 +311,6 @@ def json_depth_exceeds(text: str, max_depth: int) -> bool:
     return max(accumulate(steps), default=0) > max_depth
 
 
-def _reject_constant(name: str) -> Any:
-    # Python's json accepts NaN/Infinity, which are not JSON and would slip past range checks.
-    raise ValueError(f"{name} is not valid JSON")
-
-
 def _too_large(max_body_bytes: int) -> APIError:
     return APIError.request_too_large(
         f"Request body is too large: the limit is {max_body_bytes} bytes."
@@ -385,8 +381,10 @@ def _parse_json(raw: bytes, max_depth: int) -> Any:
             f"The JSON body nests deeper than {max_depth} levels.", code="invalid_json"
         )
     try:
-        return json.loads(text, parse_constant=_reject_constant)
-    except json.JSONDecodeError as exc:
+        # orjson (~10x json's speed on a chat body) refuses NaN/Infinity, numbers past a
+        # double's range and lone surrogates itself, all of which json.loads let through.
+        return orjson.loads(raw)
+    except json.JSONDecodeError as exc:  # orjson.JSONDecodeError is a subclass
         message = (
             "We could not parse the JSON body of your request: "
             f"{exc.msg} (line {exc.lineno}, column {exc.colno})."

@@ -11,12 +11,12 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-import json
 import time
 from collections.abc import AsyncIterator, Mapping
 from typing import Any, Protocol
 
 import anyio
+import orjson
 import structlog
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
@@ -112,7 +112,8 @@ async def admit_and_answer(
 
 
 def _frame(body: dict[str, Any]) -> bytes:
-    return b"data: " + json.dumps(body, separators=(",", ":")).encode() + b"\n\n"
+    # orjson: ~1 us a chunk instead of ~10 (json.dumps), the same compact JSON.
+    return b"data: " + orjson.dumps(body) + b"\n\n"
 
 
 async def _events(state: GatewayState, listener: Listener) -> AsyncIterator[StreamEvent]:

@@ -22,7 +22,14 @@ def configure_logging(level: str = "info", json: bool = True) -> None:
     ]
     renderer: Any = structlog.processors.JSONRenderer() if json else structlog.dev.ConsoleRenderer()
     structlog.configure(
-        processors=[*shared, structlog.stdlib.ProcessorFormatter.wrap_for_formatter],
+        # filter_by_level first: a call below the level stops there, before the context merge
+        # and the ISO timestamp (~11 us per filtered call otherwise; the access line and the
+        # handlers' info lines run on every request).
+        processors=[
+            structlog.stdlib.filter_by_level,
+            *shared,
+            structlog.stdlib.ProcessorFormatter.wrap_for_formatter,
+        ],
         logger_factory=structlog.stdlib.LoggerFactory(),
         wrapper_class=structlog.stdlib.BoundLogger,
         cache_logger_on_first_use=True,

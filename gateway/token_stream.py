@@ -18,12 +18,12 @@ exists exactly when that attempt's outcome counts.
 from __future__ import annotations
 
 import asyncio
-import json
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from functools import partial
 from typing import Any
 
+import orjson
 import redis.asyncio as aioredis
 
 from gateway.dispatcher_retry import Backoff, retry_transient
@@ -49,7 +49,8 @@ class StreamEvent:
 
 
 def event_json(data: dict[str, Any]) -> str:
-    return json.dumps(data, separators=(",", ":"))
+    # orjson: ~10x json.dumps; the same compact JSON (non-ASCII kept as UTF-8, not escaped).
+    return orjson.dumps(data).decode()
 
 
 class TokenStreams:
@@ -182,4 +183,4 @@ class BatchedPublisher:
 
 def _event(entry_id: str, fields: dict[Any, Any]) -> StreamEvent:
     decoded = {redis_text(k): redis_text(v) for k, v in fields.items()}
-    return StreamEvent(decoded["e"], json.loads(decoded["d"]), entry_id)
+    return StreamEvent(decoded["e"], orjson.loads(decoded["d"]), entry_id)
