@@ -156,6 +156,28 @@ async def test_merged_pages_are_newest_first_without_repeats_or_gaps(
     await redis.delete(a, b)
 
 
+@pytest.mark.anyio
+@pytest.mark.redis
+async def test_every_replica_on_one_redis_is_listed_and_one_whose_entry_lapsed_is_not(
+    redis: aioredis.Redis,
+) -> None:
+    prefix = f"{{t-{uuid.uuid4().hex[:8]}}}:"
+    lives = []
+    for replica_id in ("r-a", "r-b"):
+        state = make_state(ApiKeyStore.open())
+        state.settings = Settings(replica_id=replica_id, key_prefix=prefix)
+        state.redis, state.redis_ok = redis, True
+        live = ConsoleLive(state)
+        assert await live._publish_replica()
+        lives.append(live)
+    listed = await lives[0].replicas()
+    assert [r["replica_id"] for r in listed] == ["r-a", "r-b"]
+    assert listed[1]["running"] == {"interactive": 0, "bulk": 0}
+    # r-b stopped publishing and its entry lapsed (its TTL, here at once): not listed.
+    await redis.delete(f"{prefix}console:replica:r-b")
+    assert [r["replica_id"] for r in await lives[0].replicas()] == ["r-a"]
+
+
 def test_a_malformed_cursor_is_a_400() -> None:
     with pytest.raises(APIError) as caught:
         parse_cursor("not-a-cursor")

@@ -41,7 +41,8 @@ LATENCY_WINDOW_S: Final = 60.0
 RATE_WINDOW_S: Final = 5.0
 SAMPLE_INTERVAL_S: Final = 1.0
 _SNAPSHOTS_KEPT: Final = 128
-# A replica's published load expires after this long without a refresh (it stopped or died).
+# A replica's published load expires after this long without a refresh (it stopped or died),
+# or after three of its publish intervals when those are longer.
 REPLICA_TTL_MS: Final = 5000
 
 
@@ -51,6 +52,11 @@ class ConsoleLive:
         self._clock = clock
         self._steps = StepTotals()
         self._snapshots: deque[Snapshot] = deque(maxlen=_SNAPSHOTS_KEPT)
+        # NOTE: the load goes to Redis at the Redis watcher's cadence (at most once a second),
+        # so a replica told to keep quiet there (long check intervals) stays quiet here too.
+        self._publish_interval_s = max(SAMPLE_INTERVAL_S, state.settings.redis_check_interval_s)
+        self._ttl_ms = max(REPLICA_TTL_MS, int(3000 * self._publish_interval_s))
+        self._published_s: float | None = None
 
     # -- sampling ----------------------------------------------------------------------------
 
@@ -90,7 +96,11 @@ class ConsoleLive:
         while True:
             try:
                 self.sample()
-                await self._publish_replica()
+                now_s, last_s = self._clock(), self._published_s
+                if (last_s is None or now_s - last_s >= self._publish_interval_s) and (
+                    await self._publish_replica()
+                ):
+                    self._published_s = now_s
             except asyncio.CancelledError:
                 raise
             except Exception:  # noqa: BLE001 - the console must never take the replica down
@@ -103,19 +113,21 @@ class ConsoleLive:
         prefix = self._state.settings.key_prefix
         return f"{prefix}console:replicas", f"{prefix}console:replica:"
 
-    async def _publish_replica(self) -> None:
+    async def _publish_replica(self) -> bool:
+        """This replica's load under the console's keys; False when Redis is not up."""
         state = self._state
         if state.redis is None or not state.redis_ok:
-            return
+            return False
         index, item = self._replica_keys()
         replica_id = state.settings.replica_id
         now_ms = int(time.time() * 1000)
         body = orjson.dumps(self.replica_load())
         pipe = state.redis.pipeline(transaction=False)
-        pipe.set(item + replica_id, body, px=REPLICA_TTL_MS)
+        pipe.set(item + replica_id, body, px=self._ttl_ms)
         pipe.zadd(index, {replica_id: now_ms})
-        pipe.zremrangebyscore(index, "-inf", now_ms - REPLICA_TTL_MS)
+        pipe.zremrangebyscore(index, "-inf", now_ms - self._ttl_ms)
         await pipe.execute()
+        return True
 
     async def replicas(self) -> list[dict[str, Any]]:
         """Every replica that published its load within the TTL (this one included)."""
@@ -124,7 +136,7 @@ class ConsoleLive:
             return [self.replica_load()]
         index, item = self._replica_keys()
         now_ms = int(time.time() * 1000)
-        ids = await state.redis.zrangebyscore(index, now_ms - REPLICA_TTL_MS, "+inf")
+        ids = await state.redis.zrangebyscore(index, now_ms - self._ttl_ms, "+inf")
         if not ids:
             return [self.replica_load()]
         raws = await state.redis.mget([item + str(i) for i in ids])
