@@ -81,8 +81,9 @@ class _Live:
     request: GenerationRequest
     metrics: RequestMetrics
     detokenizer: IncrementalDetokenizer | None
-    aborted: asyncio.Event
     num_output_tokens: int = 0
+    # abort() was called (vLLM is told; its last output ends the stream).
+    abort_requested: bool = False
 
 
 class VllmAsyncEngine:
@@ -102,6 +103,8 @@ class VllmAsyncEngine:
         self._live: dict[str, _Live] = {}
         self._llm: Any = None
         self._stopping = False
+        # Abort calls to vLLM under way (kept from GC until they are done).
+        self._aborts: set[asyncio.Task[None]] = set()
 
     @property
     def tokenizer(self) -> Tokenizer:
@@ -130,9 +133,15 @@ class VllmAsyncEngine:
 
     async def stop(self) -> None:
         self._stopping = True
-        for live in self._live.values():
-            live.aborted.set()
         if self._llm is not None:
+            ids = list(self._live)
+            for live in self._live.values():
+                live.abort_requested = True
+            if ids:
+                # vLLM's output processor ends each open stream with its last ("abort")
+                # output before the engine goes; a dead engine has nothing to abort.
+                with contextlib.suppress(Exception):
+                    await asyncio.wait_for(self._llm.abort(ids), timeout=5.0)
             await asyncio.to_thread(self._llm.shutdown)
 
     def load(self) -> LoadSnapshot:
@@ -169,8 +178,9 @@ class VllmAsyncEngine:
 
     def abort(self, request_id: str) -> None:
         live = self._live.get(request_id)
-        if live is not None:
-            live.aborted.set()
+        if live is not None and not live.abort_requested:
+            live.abort_requested = True
+            self._abort_in_vllm(request_id)
 
     async def generate(self, request: GenerationRequest) -> AsyncIterator[RequestOutput]:
         """Yield the request's deltas; the last one has `finished` set."""
@@ -192,7 +202,6 @@ class VllmAsyncEngine:
                 if request.sampling.detokenize
                 else None
             ),
-            aborted=asyncio.Event(),
         )
         self._live[request.request_id] = live
         try:
@@ -202,39 +211,63 @@ class VllmAsyncEngine:
             self._live.pop(request.request_id, None)
 
     async def _run(self, live: _Live) -> AsyncIterator[RequestOutput]:
-        """Pump vLLM's stream through a queue so an abort can end it between deltas."""
-        queue: asyncio.Queue[Any] = asyncio.Queue()
-        pump = asyncio.create_task(self._pump(live, queue))
-        aborted = asyncio.create_task(live.aborted.wait())
-        try:
-            while True:
-                getter = asyncio.create_task(queue.get())
-                await asyncio.wait({getter, aborted}, return_when=asyncio.FIRST_COMPLETED)
-                if not getter.done():
-                    getter.cancel()
-                    yield self._final(live, [], "", "abort")
-                    return
-                item = getter.result()
-                if isinstance(item, BaseException):
-                    raise item
-                output = self._delta(live, item)
-                yield output
-                if output.finished:
-                    return
-        finally:
-            aborted.cancel()
-            # Cancelling the pump closes vLLM's generator, which aborts the request in vLLM
-            # (frees its KV blocks and its slot) if it has not finished.
-            pump.cancel()
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await pump
+        """Read the request's deltas straight from vLLM's per-request output collector.
 
-    async def _pump(self, live: _Live, queue: asyncio.Queue[Any]) -> None:
-        from vllm import SamplingParams, TokensPrompt
+        NOTE: one wake-up per delta on the consumer's own task. This used to pump vLLM's
+        generate() through an asyncio.Queue with a getter task and an asyncio.wait per delta
+        (so that an abort could end it between deltas): three extra event-loop hops and two
+        tasks per token of every running sequence, on the loop that also serves HTTP. Under
+        a 400-job burst that loop work slowed intake and kept both cores from vLLM's step.
+        An abort now goes to vLLM itself, whose output processor answers it with the
+        request's last output (finish_reason "abort") on this same collector.
+        """
         from vllm.exceptions import VLLMClientError
+
+        params, prompt = self._vllm_inputs(live.request)
+        request_id = live.request.request_id
+        try:
+            collector = await self._llm.add_request(
+                request_id, prompt, params, priority=_PRIORITY[live.request.request_class]
+            )
+        except (ValueError, VLLMClientError) as error:
+            # vLLM's own request checks: a 400, not a dead engine.
+            raise RequestValidationError(f"vLLM refused the request: {error}") from error
+        except Exception as error:
+            raise EngineDeadError(f"vLLM failed the request: {error!r}") from error
+        finished = False
+        try:
+            if live.abort_requested:
+                # abort() came while add_request was under way, before vLLM knew the id.
+                self._abort_in_vllm(request_id)
+            while not finished:
+                try:
+                    out = collector.get_nowait() or await collector.get()
+                except Exception as error:
+                    # The output handler puts the engine's failure on every collector.
+                    raise EngineDeadError(f"vLLM failed the request: {error!r}") from error
+                output = self._delta(live, out)
+                finished = output.finished
+                yield output
+        finally:
+            collector.close()
+            if not finished:
+                # The consumer left early (closed or cancelled): free the request in vLLM
+                # (its KV blocks and its slot).
+                self._abort_in_vllm(request_id)
+
+    def _abort_in_vllm(self, request_id: str) -> None:
+        try:
+            task = asyncio.get_running_loop().create_task(self._llm.abort(request_id))
+        except RuntimeError:
+            return  # no loop: the engine is being torn down with its requests
+        self._aborts.add(task)
+        task.add_done_callback(self._aborts.discard)
+
+    def _vllm_inputs(self, request: GenerationRequest) -> tuple[Any, Any]:
+        from vllm import SamplingParams, TokensPrompt
         from vllm.sampling_params import RequestOutputKind
 
-        sampling = live.request.sampling
+        sampling = request.sampling
         stop_ids = list(sampling.stop_token_ids)
         if not sampling.ignore_eos:
             stop_ids += [t for t in self.engine.eos_token_ids if t not in stop_ids]
@@ -255,20 +288,7 @@ class VllmAsyncEngine:
             detokenize=False,
             output_kind=RequestOutputKind.DELTA,
         )
-        prompt = TokensPrompt(prompt_token_ids=list(live.request.prompt_token_ids))
-        try:
-            async for out in self._llm.generate(
-                prompt,
-                params,
-                live.request.request_id,
-                priority=_PRIORITY[live.request.request_class],
-            ):
-                queue.put_nowait(out)
-        except (ValueError, VLLMClientError) as error:
-            # vLLM's own request checks: a 400, not a dead engine.
-            queue.put_nowait(RequestValidationError(f"vLLM refused the request: {error}"))
-        except Exception as error:  # noqa: BLE001 - the consumer raises it
-            queue.put_nowait(EngineDeadError(f"vLLM failed the request: {error!r}"))
+        return params, TokensPrompt(prompt_token_ids=list(request.prompt_token_ids))
 
     def _delta(self, live: _Live, out: Any) -> RequestOutput:
         completion = out.outputs[0]

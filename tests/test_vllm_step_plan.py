@@ -38,14 +38,48 @@ def test_interactive_decodes_are_walked_first_and_never_held_back() -> None:
     assert not plan.held_back & {1, 2, 4}
 
 
-def test_bulk_prefill_is_capped_per_step_while_fresh() -> None:
-    running = [item(k, BULK, 600) for k in range(5)]
+def test_bulk_prefill_is_capped_per_step_while_a_chat_decodes() -> None:
+    running = [item(k, BULK, 600) for k in range(5)] + [item(9, INTER, 1)]
     plan = compose_step(running, [], KNOBS)
-    # One bulk chunk of 32 tokens: the others sit the step out.
+    # One bulk chunk of 32 tokens beside the chat's decode: the others sit the step out.
     assert plan.bulk_prefill_tokens == 32
-    assert plan.token_budget == 32
+    assert plan.token_budget == 1 + 32
     assert len(plan.held_back) == 4
-    assert plan.running_order == (0,)
+    assert plan.running_order == (9, 0)
+
+
+def test_bulk_prefill_takes_the_whole_budget_with_no_interactive_request_in_the_engine() -> None:
+    # 10 running bulk prefills and 3 bulk decodes; 50 more bulk requests wait.
+    running = [item(k, BULK, 600) for k in range(10)] + [item(10 + k, BULK, 1) for k in range(3)]
+    waiting = [item(100 + k, BULK, 900) for k in range(50)]
+    plan = compose_step(running, waiting, KNOBS)
+    # Work-conserving, as plain vLLM: the budget's 256 tokens all go to work (3 decodes and
+    # 253 prefill tokens), in whole 32-token chunks but the last, not one chunk per step.
+    assert plan.token_budget == KNOBS.step_token_budget
+    assert plan.bulk_prefill_tokens == KNOBS.step_token_budget - 3
+    assert plan.running_order[:3] == (10, 11, 12)
+    assert len(plan.running_order) == 3 + 8
+    assert len(plan.held_back) == 2
+
+
+@pytest.mark.parametrize("waiting_bulk", [0, 1, 50, 400])
+def test_a_chat_arriving_behind_many_bulk_requests_is_prefilled_in_the_next_step(
+    waiting_bulk: int,
+) -> None:
+    # The engine is full of bulk work: 20 decodes, 8 running prefills, more waiting.
+    running = [item(k, BULK, 1) for k in range(20)] + [item(20 + k, BULK, 700) for k in range(8)]
+    waiting = [item(100 + k, BULK, 900, age_s=1.0) for k in range(waiting_bulk)]
+    chat = item(999, INTER, 150)
+    plan = compose_step(running, [*waiting, chat], KNOBS)
+    # vLLM walks `running` first, then admits the waiting queue by priority (the chat first):
+    # what running requests can take this step must leave the chat its whole first chunk.
+    running_tokens = 20 + KNOBS.prefill_chunk_tokens * sum(
+        1 for key in plan.running_order if key >= 20
+    )
+    assert plan.interactive_prefill_tokens == KNOBS.prefill_chunk_tokens
+    assert plan.token_budget - running_tokens >= KNOBS.prefill_chunk_tokens
+    # And the bulk cap holds while the chat is there.
+    assert plan.bulk_prefill_tokens <= KNOBS.bulk_prefill_chunk_tokens
 
 
 def test_interactive_prefill_takes_the_budget_before_fresh_bulk() -> None:

@@ -106,18 +106,50 @@ async def test_greedy_token_ids_equal_the_native_engines(
         assert "".join(out.new_text for out in outputs) == native.tokenizer.decode(tokens)
 
 
-async def test_class_aware_scheduler_caps_bulk_prefill_per_step(engine: VllmAsyncEngine) -> None:
+def _bulk_prompts(offset: int) -> list[tuple[int, ...]]:
+    # NOTE: each test its own prompts: the prefix cache would serve a repeated one.
+    return [tuple((i * k + offset) % 250 + 1 for i in range(200)) for k in (3, 5, 11)]
+
+
+async def _bulk_prefill_per_step(engine: VllmAsyncEngine, tag: str, offset: int) -> list[int]:
+    """Prefill tokens of each step while three 200-token bulk prompts run."""
     first_step = engine.load().steps
-    prompts = [tuple((i * k) % 250 + 1 for i in range(200)) for k in (3, 5, 11)]
     results = await asyncio.gather(
-        *(collect(engine, request(f"b{k}", p, 2, RequestClass.BULK)) for k, p in enumerate(prompts))
+        *(
+            collect(engine, request(f"{tag}{k}", p, 2, RequestClass.BULK))
+            for k, p in enumerate(_bulk_prompts(offset))
+        )
     )
     assert all(outputs[-1].finished for outputs in results)
     records = [r for r in engine._stats.history.records if r.step_index >= first_step]
-    prefill = [r.tokens_of("prefill") for r in records]
+    return [r.tokens_of("prefill") for r in records]
+
+
+async def test_class_aware_scheduler_caps_bulk_prefill_per_step_while_a_chat_runs(
+    engine: VllmAsyncEngine,
+) -> None:
+    chat = engine.generate(request("chat", tuple(range(1, 6)), 400, RequestClass.INTERACTIVE))
+    # The chat is decoding (its 5-token prefill is done) before the bulk prompts arrive.
+    assert not (await chat.__anext__()).finished
+    try:
+        prefill = await _bulk_prefill_per_step(engine, "b", offset=0)
+    finally:
+        engine.abort("chat")
+        rest = [out async for out in chat]
+    assert rest[-1].finish_reason in ("abort", "length")
     # 600 prompt tokens went through; plain vLLM would take up to 3 x 16 per step.
     assert sum(prefill) >= 3 * 200 - 3
     assert max(prefill) <= BULK_CHUNK_TOKENS
+
+
+async def test_bulk_prefill_is_not_capped_with_no_interactive_request(
+    engine: VllmAsyncEngine,
+) -> None:
+    prefill = await _bulk_prefill_per_step(engine, "w", offset=7)
+    assert sum(prefill) >= 3 * 200 - 3
+    # Work-conserving: with nobody to protect, the three prompts share the step budget
+    # (vLLM's per-request chunk of 16 each), as plain vLLM runs them.
+    assert max(prefill) > BULK_CHUNK_TOKENS
 
 
 async def test_abort_frees_the_request_in_vllm(engine: VllmAsyncEngine) -> None:
