@@ -1,0 +1,129 @@
+"""guidellm (the vLLM project's load generator, what a platform team points at a server first)
+against a real `mixgate serve`, unchanged: its backend check (GET /health, /v1/models), a short
+concurrent run on chat and a short sweep on legacy completions. Every request must succeed
+with exactly the output length asked for (guidellm sends `ignore_eos`, `stop: null`,
+`max_completion_tokens` and `stream_options.continuous_usage_stats`, and counts tokens from
+the usage in the chunks).
+
+guidellm lives in its own environment, `.venv-guidellm` (scripts/setup-guidellm; .ci/run makes
+it): its pins are not the project's. Without it the tests skip, except in CI, where they fail.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from bench.processes import ServerProcess
+from tests.dependencies import missing_dependency
+from tests.test_gateway_e2e import model_name, new_server
+
+pytestmark = [pytest.mark.redis, pytest.mark.slow]
+
+ROOT = Path(__file__).resolve().parents[1]
+GUIDELLM = ROOT / ".venv-guidellm" / "bin" / "guidellm"
+PROMPT_TOKENS = 32
+OUTPUT_TOKENS = 8
+
+
+@pytest.fixture(scope="module")
+def server(
+    tiny_model_dir: Path, redis_server: str, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[ServerProcess]:
+    if not GUIDELLM.is_file():
+        missing_dependency(".venv-guidellm is missing (scripts/setup-guidellm makes it)")
+    proc = new_server(tiny_model_dir, redis_server, tmp_path_factory.mktemp("guidellm")).start()
+    yield proc
+    assert proc.stop() == 0, proc.logs()
+
+
+def _guidellm(
+    server: ServerProcess,
+    tokenizer_dir: Path,
+    out: Path,
+    *,
+    endpoint: str,
+    profile: str,
+    requests_per_benchmark: int,
+) -> list[dict[str, Any]]:
+    """One `guidellm run`; returns its benchmarks (one per profile step) from the JSON report."""
+    backend = f"kind=openai_http,target={server.url},model={model_name(server)}"
+    data = f"kind=synthetic_text,prompt_tokens={PROMPT_TOKENS},output_tokens={OUTPUT_TOKENS}"
+    report = out / "report.json"
+    command = [
+        str(GUIDELLM),
+        "run",
+        "--backend",
+        f"{backend},request_format={endpoint}",
+        "--tokenizer",
+        f"kind=hf_auto,model={tokenizer_dir}",
+        "--profile",
+        profile,
+        "--data",
+        data,
+        "--constraint",
+        f"kind=max_requests,count={requests_per_benchmark}",
+        "--output",
+        f"kind=json,path={report}",
+        "--disable-console",
+    ]
+    # Offline: the tokenizer is the model folder; nothing may reach for a hub.
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "NO_COLOR": "1"}
+    # One worker process (it runs the 4 streams as tasks): guidellm spawns up to 10 by
+    # default, each re-importing guidellm and torch, ~4 s of CPU apiece, per benchmark.
+    env["GUIDELLM__MAX_WORKER_PROCESSES"] = "1"
+    done = subprocess.run(
+        command, cwd=out, env=env, capture_output=True, text=True, timeout=240, check=False
+    )
+    assert done.returncode == 0, (done.stdout + done.stderr)[-6000:]
+    benchmarks: list[dict[str, Any]] = json.loads(report.read_text())["benchmarks"]
+    return benchmarks
+
+
+def _assert_every_request_exact(benchmark: dict[str, Any], requests: int) -> None:
+    metrics = benchmark["metrics"]
+    totals = metrics["request_totals"]
+    assert totals == {"successful": requests, "errored": 0, "incomplete": 0, "total": requests}
+    outputs = metrics["output_token_count"]["successful"]
+    assert outputs["min"] == outputs["max"] == OUTPUT_TOKENS
+    assert outputs["count"] == requests
+
+
+@pytest.mark.timeout(300)
+def test_guidellm_concurrent_run_on_chat(
+    server: ServerProcess, tiny_model_dir: Path, tmp_path: Path
+) -> None:
+    benchmarks = _guidellm(
+        server,
+        tiny_model_dir,
+        tmp_path,
+        endpoint="/v1/chat/completions",
+        profile="kind=concurrent,streams=4",
+        requests_per_benchmark=12,
+    )
+    assert len(benchmarks) == 1
+    _assert_every_request_exact(benchmarks[0], 12)
+
+
+@pytest.mark.timeout(300)
+def test_guidellm_sweep_on_completions(
+    server: ServerProcess, tiny_model_dir: Path, tmp_path: Path
+) -> None:
+    # sweep_size=3: synchronous, throughput, and one constant rate between them.
+    benchmarks = _guidellm(
+        server,
+        tiny_model_dir,
+        tmp_path,
+        endpoint="/v1/completions",
+        profile="kind=sweep,sweep_size=3",
+        requests_per_benchmark=6,
+    )
+    assert len(benchmarks) == 3
+    for benchmark in benchmarks:
+        _assert_every_request_exact(benchmark, 6)
