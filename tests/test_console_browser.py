@@ -372,6 +372,9 @@ def test_a_tenant_sees_only_its_own_and_downloads_its_batch_output(
     with api(server, "beta") as client:
         assert client.get("/console/api/live").status_code == 403
         assert client.get(f"/console/api/batches/{batch_id}/files/output").status_code == 404
+        # Naming another tenant changes nothing without an admin key.
+        assert client.get("/console/api/jobs?tenant=alpha").json()["data"] == []
+        assert client.post(f"/console/api/batches/{batch_id}/cancel").status_code == 404
     assert severe_logs(browser) == []
 
 
