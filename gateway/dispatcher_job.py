@@ -147,12 +147,6 @@ class JobRunner:
                 local.listener.detach(local.token)
 
     async def _run(self, local: LocalJob) -> None:
-        if local.started_here:
-            # NOTE: decided now, in the task's first step, not at the first event: the handler
-            # that admitted the job registered its listener with no await since the start,
-            # and its stream reader (created later) must find the attempt attached, or it
-            # would issue one XREAD that can only time out.
-            self._route(local)
         if local.cancel_requested:
             await self._finish_cancelled(local)
             return
@@ -163,6 +157,13 @@ class JobRunner:
                 local, 400, "invalid_request", f"the queued request is invalid: {error}"
             )
             return
+        if local.started_here:
+            # NOTE: decided now (after the payload is parsed, which the route reads), still in
+            # the task's first step, not at the first event: the handler that admitted the
+            # job registered its listener with no await since the start, and its stream
+            # reader (created later) must find the attempt attached, or it would issue one
+            # XREAD that can only time out.
+            self._route(local)
         try:
             outcome = await self._generate(local, request)
         except RequestValidationError as error:
