@@ -29,6 +29,9 @@ def model_info(config: BenchConfig, engine: LLMEngine, shape: ModelShape) -> dic
         "head_dim": mc.head_dim,
         "vocab_size": mc.vocab_size,
         "dtype": str(engine.dtype).removeprefix("torch."),
+        # Which GEMM path the decode steps took (EngineConfig.prepack_linears): on a Zen 4 CPU
+        # it is the largest single factor in the step time.
+        "linears": "onednn-prepacked" if engine.runner.prepacked else "torch",
     }
 
 
@@ -58,6 +61,7 @@ def render_table(result: dict[str, Any]) -> Table:
     model, config = result["model"], result["config"]
     table = Table(
         title=f"{model['num_parameters'] / 1e6:.1f}M params {model['dtype']}, "
+        f"{model.get('linears', 'torch')} linears, "
         f"{result['threads']} threads, context {config['context']}",
         caption=f"C {result['C_flops'] / 1e9:.0f} GFLOP/s, BW {result['BW_bytes_s'] / 1e9:.1f} "
         f"GB/s; step: median of {config['rounds']}x{config['steps']}; tok/s: 4·B requests",
