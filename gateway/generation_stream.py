@@ -12,8 +12,8 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import time
-from collections.abc import AsyncIterator, Mapping
-from typing import Any, Protocol
+from collections.abc import AsyncIterator, Callable, Mapping
+from typing import Any, Generic, Protocol, TypeVar
 
 import anyio
 import orjson
@@ -23,9 +23,18 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 
 from gateway.auth import Principal
 from gateway.errors import APIError, read_json_body
-from gateway.intake import Admitted, admit, interactive_deadline_s
+from gateway.intake import (
+    Admitted,
+    admit,
+    authenticate,
+    interactive_deadline_s,
+    request_class,
+    require_model,
+    require_ready,
+)
 from gateway.job_payload import JobPayload
 from gateway.local_delivery import WATCHED_KEY, Listener
+from gateway.redis_health import require_redis
 from gateway.schemas import usage_body
 from gateway.schemas_chat import SamplingRequest
 from gateway.state import GatewayState
@@ -67,6 +76,32 @@ async def read_body(request: Request, state: GatewayState) -> dict[str, Any]:
     )
 
 
+Body = TypeVar("Body", bound=SamplingRequest)
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Accepted(Generic[Body]):
+    """A generation request that passed the checks before tokenizing: who, what, which class."""
+
+    state: GatewayState
+    principal: Principal
+    body: Body
+    request_class: RequestClass
+
+
+async def accept_request(request: Request, parse: Callable[[Any], Body]) -> Accepted[Body]:
+    """Queue store and readiness, key and rate limit, the parsed body, its model, its class."""
+    state: GatewayState = request.app.state.gw
+    # Redis first: its 503 carries Retry-After and a precise code.
+    require_redis(state)
+    require_ready(state)
+    principal = authenticate(request, state)
+    body = parse(await read_body(request, state))
+    require_model(state, body.model)
+    cls = request_class(request, RequestClass.INTERACTIVE, body.service_tier, principal)
+    return Accepted(state, principal, body, cls)
+
+
 def continuous_usage(body: SamplingRequest) -> bool:
     """vLLM's `stream_options.continuous_usage_stats` (with `include_usage`, as vLLM reads it)."""
     options = body.stream_options
@@ -75,17 +110,15 @@ def continuous_usage(body: SamplingRequest) -> bool:
 
 async def admit_and_answer(
     request: Request,
-    state: GatewayState,
-    principal: Principal,
-    cls: RequestClass,
+    accepted: Accepted[Any],
     payload: JobPayload,
     shape: ResponseShape,
     *,
     id_prefix: str,
-    usage_in_every_chunk: bool = False,
     headers: Mapping[str, str] | None = None,
 ) -> Response:
     """Queue the job (marked as watched), listen for it, and answer as the body asks."""
+    state, principal, cls = accepted.state, accepted.principal, accepted.request_class
     # Marked as read by a handler, so whichever replica runs it sends its events somewhere.
     payload = dataclasses.replace(payload, extra={**payload.extra, WATCHED_KEY: True})
     deadline_s = interactive_deadline_s(request) if cls is RequestClass.INTERACTIVE else None
@@ -101,7 +134,7 @@ async def admit_and_answer(
     if payload.stream:
         stream = _Sse(state, admitted, listener, principal.tenant, shape)
         stream.with_timings = request.headers.get(TIMINGS_HEADER) == "1"
-        stream.usage_in_every_chunk = usage_in_every_chunk and payload.include_usage
+        stream.usage_in_every_chunk = continuous_usage(accepted.body)
         return StreamingResponse(
             stream.frames(),
             media_type="text/event-stream",

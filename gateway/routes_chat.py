@@ -16,16 +16,8 @@ from typing import Any
 from starlette.requests import Request
 from starlette.responses import Response
 
-from gateway.generation_stream import admit_and_answer, continuous_usage, read_body
-from gateway.intake import (
-    Admitted,
-    authenticate,
-    build_payload,
-    request_class,
-    require_model,
-    require_ready,
-)
-from gateway.redis_health import require_redis
+from gateway.generation_stream import accept_request, admit_and_answer
+from gateway.intake import Admitted, build_payload
 from gateway.schemas import (
     chat_chunk_body,
     chat_completion_body,
@@ -33,8 +25,6 @@ from gateway.schemas import (
     parse_chat_request,
     role_delta,
 )
-from gateway.state import GatewayState
-from policies.request_class import RequestClass
 
 
 class ChatShape:
@@ -76,22 +66,6 @@ class ChatShape:
 
 
 async def chat_completions(request: Request) -> Response:
-    state: GatewayState = request.app.state.gw
-    # Redis first: its 503 carries Retry-After and a precise code.
-    require_redis(state)
-    require_ready(state)
-    principal = authenticate(request, state)
-    body = parse_chat_request(await read_body(request, state))
-    require_model(state, body.model)
-    cls = request_class(request, RequestClass.INTERACTIVE, body.service_tier, principal)
-    payload = build_payload(state, body, cls)
-    return await admit_and_answer(
-        request,
-        state,
-        principal,
-        cls,
-        payload,
-        ChatShape(),
-        id_prefix="chatcmpl-",
-        usage_in_every_chunk=continuous_usage(body),
-    )
+    accepted = await accept_request(request, parse_chat_request)
+    payload = build_payload(accepted.state, accepted.body, accepted.request_class)
+    return await admit_and_answer(request, accepted, payload, ChatShape(), id_prefix="chatcmpl-")

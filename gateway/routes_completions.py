@@ -14,16 +14,8 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from gateway.errors import APIError
-from gateway.generation_stream import admit_and_answer, continuous_usage, read_body
-from gateway.intake import (
-    Admitted,
-    authenticate,
-    payload_for_prompt,
-    request_class,
-    require_model,
-    require_ready,
-)
-from gateway.redis_health import require_redis
+from gateway.generation_stream import accept_request, admit_and_answer
+from gateway.intake import Admitted, payload_for_prompt
 from gateway.schemas_completions import (
     CompletionRequest,
     completion_body,
@@ -32,7 +24,6 @@ from gateway.schemas_completions import (
     prompt_text_or_ids,
 )
 from gateway.state import GatewayState
-from policies.request_class import RequestClass
 
 
 class CompletionShape:
@@ -80,22 +71,7 @@ def _prompt_ids(state: GatewayState, body: CompletionRequest) -> list[int]:
 
 
 async def completions(request: Request) -> Response:
-    state: GatewayState = request.app.state.gw
-    # Redis first: its 503 carries Retry-After and a precise code.
-    require_redis(state)
-    require_ready(state)
-    principal = authenticate(request, state)
-    body = parse_completion_request(await read_body(request, state))
-    require_model(state, body.model)
-    cls = request_class(request, RequestClass.INTERACTIVE, body.service_tier, principal)
-    payload = payload_for_prompt(state, body, cls, _prompt_ids(state, body))
-    return await admit_and_answer(
-        request,
-        state,
-        principal,
-        cls,
-        payload,
-        CompletionShape(),
-        id_prefix="cmpl-",
-        usage_in_every_chunk=continuous_usage(body),
-    )
+    accepted = await accept_request(request, parse_completion_request)
+    prompt = _prompt_ids(accepted.state, accepted.body)
+    payload = payload_for_prompt(accepted.state, accepted.body, accepted.request_class, prompt)
+    return await admit_and_answer(request, accepted, payload, CompletionShape(), id_prefix="cmpl-")

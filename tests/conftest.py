@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import redis.asyncio as aioredis
 
-from bench.processes import start_redis, stop_process
+from bench.processes import ServerProcess, start_redis, stop_process
 from gateway.queue.keys import Keys
 from tests.dependencies import missing_dependency
 
@@ -65,3 +65,18 @@ def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     from engine.make_model import make_model
 
     return make_model(tmp_path_factory.mktemp("tiny-model"), "tiny", seed=1)
+
+
+# ---- a live `mixgate serve` on the tiny model, per test module ------------------------------
+
+
+@pytest.fixture(scope="module")
+def live_server(
+    tiny_model_dir: Path, redis_server: str, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[ServerProcess]:
+    """A real server (its own key prefix on the session's redis-server), stopped cleanly."""
+    prefix = f"{{mg-{uuid.uuid4().hex[:8]}}}:"
+    data_dir = tmp_path_factory.mktemp("live") / prefix.strip("{}:")
+    proc = ServerProcess(tiny_model_dir, redis_server, prefix, data_dir).start()
+    yield proc
+    assert proc.stop() == 0, proc.logs()

@@ -14,7 +14,6 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -22,7 +21,7 @@ import pytest
 
 from bench.processes import ServerProcess
 from tests.dependencies import missing_dependency
-from tests.test_gateway_e2e import model_name, new_server
+from tests.test_gateway_e2e import model_name
 
 pytestmark = [pytest.mark.redis, pytest.mark.slow]
 
@@ -32,19 +31,12 @@ PROMPT_TOKENS = 32
 OUTPUT_TOKENS = 8
 
 
-@pytest.fixture(scope="module")
-def server(
-    tiny_model_dir: Path, redis_server: str, tmp_path_factory: pytest.TempPathFactory
-) -> Iterator[ServerProcess]:
-    if not GUIDELLM.is_file():
-        missing_dependency(".venv-guidellm is missing (scripts/setup-guidellm makes it)")
-    proc = new_server(tiny_model_dir, redis_server, tmp_path_factory.mktemp("guidellm")).start()
-    yield proc
-    assert proc.stop() == 0, proc.logs()
+if not GUIDELLM.is_file():
+    missing_dependency(".venv-guidellm is missing (scripts/setup-guidellm makes it)")
 
 
 def _guidellm(
-    server: ServerProcess,
+    live_server: ServerProcess,
     tokenizer_dir: Path,
     out: Path,
     *,
@@ -53,7 +45,7 @@ def _guidellm(
     requests_per_benchmark: int,
 ) -> list[dict[str, Any]]:
     """One `guidellm run`; returns its benchmarks (one per profile step) from the JSON report."""
-    backend = f"kind=openai_http,target={server.url},model={model_name(server)}"
+    backend = f"kind=openai_http,target={live_server.url},model={model_name(live_server)}"
     data = f"kind=synthetic_text,prompt_tokens={PROMPT_TOKENS},output_tokens={OUTPUT_TOKENS}"
     report = out / "report.json"
     command = [
@@ -96,34 +88,32 @@ def _assert_every_request_exact(benchmark: dict[str, Any], requests: int) -> Non
 
 
 @pytest.mark.timeout(300)
-def test_guidellm_concurrent_run_on_chat(
-    server: ServerProcess, tiny_model_dir: Path, tmp_path: Path
+@pytest.mark.parametrize(
+    ("endpoint", "profile", "requests", "steps"),
+    [
+        ("/v1/chat/completions", "kind=concurrent,streams=4", 12, 1),
+        # sweep_size=3: synchronous, throughput, and one constant rate between them.
+        ("/v1/completions", "kind=sweep,sweep_size=3", 6, 3),
+    ],
+    ids=["concurrent-chat", "sweep-completions"],
+)
+def test_guidellm_run_has_no_errored_request_and_exact_output_lengths(
+    live_server: ServerProcess,
+    tiny_model_dir: Path,
+    tmp_path: Path,
+    endpoint: str,
+    profile: str,
+    requests: int,
+    steps: int,
 ) -> None:
     benchmarks = _guidellm(
-        server,
+        live_server,
         tiny_model_dir,
         tmp_path,
-        endpoint="/v1/chat/completions",
-        profile="kind=concurrent,streams=4",
-        requests_per_benchmark=12,
+        endpoint=endpoint,
+        profile=profile,
+        requests_per_benchmark=requests,
     )
-    assert len(benchmarks) == 1
-    _assert_every_request_exact(benchmarks[0], 12)
-
-
-@pytest.mark.timeout(300)
-def test_guidellm_sweep_on_completions(
-    server: ServerProcess, tiny_model_dir: Path, tmp_path: Path
-) -> None:
-    # sweep_size=3: synchronous, throughput, and one constant rate between them.
-    benchmarks = _guidellm(
-        server,
-        tiny_model_dir,
-        tmp_path,
-        endpoint="/v1/completions",
-        profile="kind=sweep,sweep_size=3",
-        requests_per_benchmark=6,
-    )
-    assert len(benchmarks) == 3
+    assert len(benchmarks) == steps
     for benchmark in benchmarks:
-        _assert_every_request_exact(benchmark, 6)
+        _assert_every_request_exact(benchmark, requests)

@@ -12,14 +12,13 @@ from __future__ import annotations
 
 import json
 import subprocess
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from bench.processes import ServerProcess
 from tests.dependencies import missing_dependency
-from tests.test_gateway_e2e import model_name, new_server
+from tests.test_gateway_e2e import model_name
 
 pytestmark = [pytest.mark.redis, pytest.mark.slow]
 
@@ -38,15 +37,8 @@ NUM_PROMPTS = 8
 OUTPUT_TOKENS = 8
 
 
-@pytest.fixture(scope="module")
-def server(
-    tiny_model_dir: Path, redis_server: str, tmp_path_factory: pytest.TempPathFactory
-) -> Iterator[ServerProcess]:
-    if not VLLM_PYTHON.is_file():
-        missing_dependency(".venv-vllm is missing (scripts/setup-vllm makes it; .ci/run runs it)")
-    proc = new_server(tiny_model_dir, redis_server, tmp_path_factory.mktemp("vbench")).start()
-    yield proc
-    assert proc.stop() == 0, proc.logs()
+if not VLLM_PYTHON.is_file():
+    missing_dependency(".venv-vllm is missing (scripts/setup-vllm makes it; .ci/run runs it)")
 
 
 @pytest.mark.timeout(240)
@@ -55,17 +47,17 @@ def server(
     [("openai", "/v1/completions"), ("openai-chat", "/v1/chat/completions")],
 )
 def test_vllm_bench_serve_random_dataset_has_no_failed_request(
-    server: ServerProcess, tiny_model_dir: Path, tmp_path: Path, backend: str, endpoint: str
+    live_server: ServerProcess, tiny_model_dir: Path, tmp_path: Path, backend: str, endpoint: str
 ) -> None:
     args = [
         "--backend",
         backend,
         "--base-url",
-        server.url,
+        live_server.url,
         "--endpoint",
         endpoint,
         "--model",
-        model_name(server),
+        model_name(live_server),
         "--tokenizer",
         str(tiny_model_dir),
         "--dataset-name",

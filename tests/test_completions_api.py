@@ -17,29 +17,22 @@ from engine.config import EngineConfig
 from engine.llm_engine import LLMEngine
 from engine.request import GenerationRequest
 from engine.sampling_params import SamplingParams
-from tests.test_gateway_e2e import model_name, new_server
+from tests.test_gateway_e2e import model_name
 
 pytestmark = pytest.mark.redis
 PROMPT = "Tell me a story about a lighthouse."
 
 
-@pytest.fixture(scope="module")
-def server(
-    tiny_model_dir: Path, redis_server: str, tmp_path_factory: pytest.TempPathFactory
-) -> Iterator[ServerProcess]:
-    proc = new_server(tiny_model_dir, redis_server, tmp_path_factory.mktemp("cmpl")).start()
-    yield proc
-    assert proc.stop() == 0, proc.logs()
-
-
 @pytest.fixture
-def client(server: ServerProcess) -> Iterator[openai.OpenAI]:
-    with openai.OpenAI(base_url=server.url + "/v1", api_key="unused") as client:
+def client(live_server: ServerProcess) -> Iterator[openai.OpenAI]:
+    with openai.OpenAI(base_url=live_server.url + "/v1", api_key="unused") as client:
         yield client
 
 
-def _sse_chunks(server: ServerProcess, path: str, body: dict[str, Any]) -> list[dict[str, Any]]:
-    with httpx.stream("POST", server.url + path, json=body, timeout=60) as response:
+def _sse_chunks(
+    live_server: ServerProcess, path: str, body: dict[str, Any]
+) -> list[dict[str, Any]]:
+    with httpx.stream("POST", live_server.url + path, json=body, timeout=60) as response:
         assert response.status_code == 200, response.read()
         raw = b"".join(response.iter_bytes())
     assert raw.endswith(b"data: [DONE]\n\n")
@@ -47,8 +40,8 @@ def _sse_chunks(server: ServerProcess, path: str, body: dict[str, Any]) -> list[
     return [json.loads(f[len(b"data: ") :]) for f in frames]
 
 
-def test_health_is_200_with_an_empty_body(server: ServerProcess) -> None:
-    response = httpx.get(server.url + "/health")
+def test_health_is_200_with_an_empty_body(live_server: ServerProcess) -> None:
+    response = httpx.get(live_server.url + "/health")
     assert response.status_code == 200
     assert response.content == b""
 
@@ -58,32 +51,24 @@ def test_openai_client_completion_stream_equals_non_stream(client: openai.OpenAI
     whole = client.completions.create(model=model, prompt=PROMPT, max_tokens=16, temperature=0)
     assert whole.object == "text_completion"
     assert whole.id.startswith("cmpl-")
-    stream = client.completions.create(
-        model=model,
-        prompt=PROMPT,
-        max_tokens=16,
-        temperature=0,
-        stream=True,
-        stream_options={"include_usage": True},
+    args: dict[str, Any] = {"model": model, "prompt": PROMPT, "max_tokens": 16, "temperature": 0}
+    chunks = list(
+        client.completions.create(**args, stream=True, stream_options={"include_usage": True})
     )
-    parts, usage, finish = [], None, None
-    for chunk in stream:
-        if chunk.usage is not None:
-            usage = chunk.usage
-        for choice in chunk.choices:
-            parts.append(choice.text)
-            finish = choice.finish_reason or finish
-    assert whole.choices[0].text == "".join(parts)
-    assert whole.choices[0].finish_reason == finish
+    usage = chunks[-1].usage
+    assert chunks[-1].choices == [] and all(c.usage is None for c in chunks[:-1])
+    choices = [choice for chunk in chunks for choice in chunk.choices]
+    assert whole.choices[0].text == "".join(choice.text for choice in choices)
+    assert whole.choices[0].finish_reason == choices[-1].finish_reason
     assert whole.usage is not None and usage is not None
     assert usage.completion_tokens == whole.usage.completion_tokens
     assert usage.prompt_tokens == whole.usage.prompt_tokens > 0
 
 
 def test_token_id_prompt_and_a_list_of_one_give_the_text_prompts_answer(
-    server: ServerProcess, client: openai.OpenAI
+    live_server: ServerProcess, client: openai.OpenAI
 ) -> None:
-    model = model_name(server)
+    model = model_name(live_server)
     args: dict[str, Any] = {"max_tokens": 8, "temperature": 0, "ignore_eos": True}
     text = client.completions.create(model=model, prompt=PROMPT, extra_body=args)
     ids = list(PROMPT.encode())  # the tiny model's byte-level tokenizer adds no BOS
@@ -102,9 +87,9 @@ def _error(response: httpx.Response) -> dict[str, Any]:
     return error
 
 
-def test_refusals_name_the_field(server: ServerProcess) -> None:
-    model = model_name(server)
-    url = server.url + "/v1/completions"
+def test_refusals_name_the_field(live_server: ServerProcess) -> None:
+    model = model_name(live_server)
+    url = live_server.url + "/v1/completions"
     two = httpx.post(url, json={"model": model, "prompt": ["a", "b"]})
     assert _error(two)["param"] == "prompt"
     echo = httpx.post(url, json={"model": model, "prompt": "a", "echo": True})
@@ -126,11 +111,11 @@ def test_refusals_name_the_field(server: ServerProcess) -> None:
 
 @pytest.mark.parametrize("path", ["/v1/completions", "/v1/chat/completions"])
 def test_guidellm_and_vllm_bench_bodies_give_the_asked_output_and_usage_in_every_chunk(
-    server: ServerProcess, path: str
+    live_server: ServerProcess, path: str
 ) -> None:
     """The bodies guidellm 0.8.1 and vllm bench serve 0.32 send (their extensions included)."""
     body: dict[str, Any] = {
-        "model": model_name(server),
+        "model": model_name(live_server),
         "stream": True,
         "stream_options": {"include_usage": True, "continuous_usage_stats": True},
         "stop": None,
@@ -141,7 +126,7 @@ def test_guidellm_and_vllm_bench_bodies_give_the_asked_output_and_usage_in_every
         body |= {"prompt": PROMPT, "max_tokens": 12, "logprobs": None}
     else:
         body |= {"messages": [{"role": "user", "content": PROMPT}], "max_completion_tokens": 12}
-    chunks = _sse_chunks(server, path, body)
+    chunks = _sse_chunks(live_server, path, body)
     *streamed, last = chunks
     assert last["choices"] == [] and last["usage"]["completion_tokens"] == 12
     counts = [c["usage"]["completion_tokens"] for c in streamed]
@@ -150,9 +135,9 @@ def test_guidellm_and_vllm_bench_bodies_give_the_asked_output_and_usage_in_every
     assert streamed[-1]["choices"][0]["finish_reason"] == "length"
 
 
-def test_vllm_sampling_extensions_are_honoured(server: ServerProcess) -> None:
-    model = model_name(server)
-    url = server.url + "/v1/completions"
+def test_vllm_sampling_extensions_are_honoured(live_server: ServerProcess) -> None:
+    model = model_name(live_server)
+    url = live_server.url + "/v1/completions"
     base = {"model": model, "prompt": PROMPT, "max_tokens": 24, "temperature": 0}
     plain = httpx.post(url, json={**base, "ignore_eos": True}).json()
     penalized = httpx.post(url, json={**base, "ignore_eos": True, "repetition_penalty": 2.0})
@@ -163,7 +148,9 @@ def test_vllm_sampling_extensions_are_honoured(server: ServerProcess) -> None:
     assert httpx.post(url, json=sampled).json()["choices"][0]["text"] == plain["choices"][0]["text"]
 
 
-def test_min_tokens_holds_back_a_stop_token_id(server: ServerProcess, tiny_model_dir: Path) -> None:
+def test_min_tokens_holds_back_a_stop_token_id(
+    live_server: ServerProcess, tiny_model_dir: Path
+) -> None:
     ids = list(PROMPT.encode())
     # The first greedy token, from the same weights in this process.
     engine = LLMEngine(tiny_model_dir, EngineConfig(device="cpu", num_kv_blocks=16, num_threads=1))
@@ -171,8 +158,8 @@ def test_min_tokens_holds_back_a_stop_token_id(server: ServerProcess, tiny_model
         GenerationRequest("first", tuple(ids), SamplingParams(temperature=0.0, max_tokens=1))
     )
     first = next(o.new_token_ids[0] for o in engine.step())
-    url = server.url + "/v1/completions"
-    base = {"model": model_name(server), "prompt": ids, "max_tokens": 12, "temperature": 0}
+    url = live_server.url + "/v1/completions"
+    base = {"model": model_name(live_server), "prompt": ids, "max_tokens": 12, "temperature": 0}
     stopped = httpx.post(url, json={**base, "stop_token_ids": [first]}).json()
     assert stopped["usage"]["completion_tokens"] == 1
     assert stopped["choices"][0]["finish_reason"] == "stop"
