@@ -83,6 +83,26 @@ class SparseMoeBlock(nn.Module):
         # When a list, each forward appends how many experts it computed (the bench reads it).
         # NOTE: router_jitter_noise is a training-time perturbation: inference ignores it.
         self.touched_log: list[int] | None = None
+        # Per expert (gate_up, down) weights prepacked by oneDNN (`prepack_experts`), or None.
+        self._packed: list[tuple[torch.Tensor, torch.Tensor]] | None = None
+
+    def prepack_experts(self) -> None:
+        """Run each expert's two matmuls through oneDNN over prepacked weights (as
+        engine.prepacked_linear does for nn.Linear): an expert sees few rows per step."""
+        reorder = torch.ops.mkldnn._reorder_linear_weight
+        self._packed = [
+            (reorder(self.gate_up_proj[e].detach(), None), reorder(self.down_proj[e].detach()))
+            for e in range(self.num_experts)
+        ]
+
+    def _expert_linear(self, x: torch.Tensor, expert: int, which: int) -> torch.Tensor:
+        if self._packed is not None:
+            out: torch.Tensor = torch.ops.mkldnn._linear_pointwise(
+                x, self._packed[expert][which], None, "none", [], ""
+            )
+            return out
+        weight = self.gate_up_proj[expert] if which == 0 else self.down_proj[expert]
+        return F.linear(x, weight)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """[..., H] -> [..., H]; every leading position is one token."""
@@ -93,8 +113,8 @@ class SparseMoeBlock(nn.Module):
         out = torch.zeros_like(tokens)
         for expert, (start, end) in zip(groups.expert_ids, groups.bounds, strict=True):
             rows = groups.tokens[start:end]
-            gate, up = F.linear(tokens[rows], self.gate_up_proj[expert]).chunk(2, dim=-1)
-            expert_out = F.linear(F.silu(gate) * up, self.down_proj[expert])
+            gate, up = self._expert_linear(tokens[rows], expert, 0).chunk(2, dim=-1)
+            expert_out = self._expert_linear(F.silu(gate) * up, expert, 1)
             # The weights are fp32: the product is too, and is cast back as transformers does.
             weighted = expert_out * groups.weights[start:end, None]
             out.index_add_(0, rows, weighted.to(out.dtype))

@@ -58,7 +58,12 @@ class PrepackedLinear(nn.Module):
 
 
 def prepack_linears(model: nn.Module) -> int:
-    """Replace every nn.Linear in `model` by a PrepackedLinear; returns how many were replaced."""
+    """Replace every nn.Linear in `model` by a PrepackedLinear, and prepack the experts of every
+    module that has `prepack_experts` (engine.moe); returns how many linears were replaced."""
+    for module in model.modules():
+        prepack_experts = getattr(module, "prepack_experts", None)
+        if callable(prepack_experts):
+            prepack_experts()
     targets = [
         (parent, name, child)
         for parent in model.modules()
