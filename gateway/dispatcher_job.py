@@ -13,6 +13,7 @@ once complete() said ok.
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncGenerator, Callable
 from dataclasses import dataclass
 from functools import partial
@@ -205,6 +206,7 @@ class JobRunner:
         parts: list[str] = []
         final: RequestOutput | None = None
         mark_first = local.request_class is RequestClass.INTERACTIVE
+        marking: asyncio.Task[bool] | None = None
         # generate() is an async generator; closing it early aborts the request in the engine
         # (which frees its KV blocks), so close it explicitly rather than wait for GC.
         deltas = cast(AsyncGenerator[RequestOutput, None], self._engine.generate(request))
@@ -217,14 +219,21 @@ class JobRunner:
                     data = {"text": delta.new_text, "token_ids": list(delta.new_token_ids)}
                     route = await self._publish(local, DELTA, data)
                     if mark_first and route is not Route.NOBODY:
-                        # After the publish, so the first token is not delayed by this write.
+                        # After the publish, so the first token is not delayed by this write;
+                        # beside the next deltas, not before them, so neither is the second
+                        # (its round trip was in the second token's latency). Awaited below,
+                        # before any outcome is written.
                         mark_first = False
                         mark = partial(self._store.mark_tokens_sent, local.job_id)
-                        await retry_transient(mark, what="mark_tokens_sent", backoff=self._backoff)
+                        marking = asyncio.create_task(
+                            retry_transient(mark, what="mark_tokens_sent", backoff=self._backoff)
+                        )
                 if delta.finished:
                     final = delta
         finally:
             await deltas.aclose()
+            if marking is not None:
+                await marking  # a failure raises here, as it did inside the loop
         return _Outcome("".join(parts), final)
 
     async def _settle(self, local: LocalJob, outcome: _Outcome) -> None:
