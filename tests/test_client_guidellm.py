@@ -11,71 +11,24 @@ it): its pins are not the project's. Without it the tests skip, except in CI, wh
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from bench.guidellm_run import GUIDELLM, GuidellmRun
 from bench.processes import ServerProcess
 from tests.dependencies import missing_dependency
 from tests.test_gateway_e2e import model_name
 
 pytestmark = [pytest.mark.redis, pytest.mark.slow]
 
-ROOT = Path(__file__).resolve().parents[1]
-GUIDELLM = ROOT / ".venv-guidellm" / "bin" / "guidellm"
 PROMPT_TOKENS = 32
 OUTPUT_TOKENS = 8
 
 
 if not GUIDELLM.is_file():
     missing_dependency(".venv-guidellm is missing (scripts/setup-guidellm makes it)")
-
-
-def _guidellm(
-    live_server: ServerProcess,
-    tokenizer_dir: Path,
-    out: Path,
-    *,
-    endpoint: str,
-    profile: str,
-    requests_per_benchmark: int,
-) -> list[dict[str, Any]]:
-    """One `guidellm run`; returns its benchmarks (one per profile step) from the JSON report."""
-    backend = f"kind=openai_http,target={live_server.url},model={model_name(live_server)}"
-    data = f"kind=synthetic_text,prompt_tokens={PROMPT_TOKENS},output_tokens={OUTPUT_TOKENS}"
-    report = out / "report.json"
-    command = [
-        str(GUIDELLM),
-        "run",
-        "--backend",
-        f"{backend},request_format={endpoint}",
-        "--tokenizer",
-        f"kind=hf_auto,model={tokenizer_dir}",
-        "--profile",
-        profile,
-        "--data",
-        data,
-        "--constraint",
-        f"kind=max_requests,count={requests_per_benchmark}",
-        "--output",
-        f"kind=json,path={report}",
-        "--disable-console",
-    ]
-    # Offline: the tokenizer is the model folder; nothing may reach for a hub.
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "NO_COLOR": "1"}
-    # One worker process (it runs the 4 streams as tasks): guidellm spawns up to 10 by
-    # default, each re-importing guidellm and torch, ~4 s of CPU apiece, per benchmark.
-    env["GUIDELLM__MAX_WORKER_PROCESSES"] = "1"
-    done = subprocess.run(
-        command, cwd=out, env=env, capture_output=True, text=True, timeout=240, check=False
-    )
-    assert done.returncode == 0, (done.stdout + done.stderr)[-6000:]
-    benchmarks: list[dict[str, Any]] = json.loads(report.read_text())["benchmarks"]
-    return benchmarks
 
 
 def _assert_every_request_exact(benchmark: dict[str, Any], requests: int) -> None:
@@ -106,14 +59,17 @@ def test_guidellm_run_has_no_errored_request_and_exact_output_lengths(
     requests: int,
     steps: int,
 ) -> None:
-    benchmarks = _guidellm(
-        live_server,
-        tiny_model_dir,
-        tmp_path,
+    run = GuidellmRun(
+        target=live_server.url,
+        model=model_name(live_server),
+        tokenizer_dir=tiny_model_dir,
         endpoint=endpoint,
         profile=profile,
-        requests_per_benchmark=requests,
+        prompt_tokens=PROMPT_TOKENS,
+        output_tokens=OUTPUT_TOKENS,
+        constraint=f"kind=max_requests,count={requests}",
     )
+    benchmarks = run.run(tmp_path, timeout_s=240)
     assert len(benchmarks) == steps
     for benchmark in benchmarks:
         _assert_every_request_exact(benchmark, requests)
