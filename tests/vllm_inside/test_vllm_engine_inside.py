@@ -170,3 +170,35 @@ async def test_abort_frees_the_request_in_vllm(engine: VllmAsyncEngine) -> None:
     assert engine.vllm_request_counts() == (0, 0)
     assert engine.load().kv_usage == 0.0
     assert sum(engine.load().running_by_class.values()) == 0
+
+
+async def test_vllm_extensions_give_the_native_engines_tokens(
+    engine: VllmAsyncEngine, model_dir: Path
+) -> None:
+    """repetition_penalty (over prompt and output) and min_tokens (a stop id held back) mean
+    the same in mixgate's sampler as in vLLM's: greedy token ids are equal."""
+    native = LLMEngine(model_dir, EngineConfig(device="cpu", max_model_len=1024))
+    prompt = PROMPTS[1]
+    native.add_request(request("first", prompt, 1, RequestClass.INTERACTIVE))
+    first = next(out.new_token_ids[0] for out in native.step())
+    cases = {
+        "penalty": SamplingParams(
+            max_tokens=16, temperature=0.0, ignore_eos=True, repetition_penalty=1.5
+        ),
+        "min_tokens": SamplingParams(
+            max_tokens=16, temperature=0.0, stop_token_ids=(first,), min_tokens=4
+        ),
+    }
+    expected: dict[str, list[int]] = {}
+    for name, sampling in cases.items():
+        native.add_request(GenerationRequest(name, prompt, sampling, RequestClass.INTERACTIVE))
+    while native.has_unfinished_requests():
+        for out in native.step():
+            expected.setdefault(out.request_id, []).extend(out.new_token_ids)
+    for name, sampling in cases.items():
+        outputs = await collect(
+            engine, GenerationRequest(name, prompt, sampling, RequestClass.INTERACTIVE)
+        )
+        assert [t for out in outputs for t in out.new_token_ids] == expected[name], name
+    assert len(expected["min_tokens"]) >= 4
+    assert first not in expected["min_tokens"][:4]
