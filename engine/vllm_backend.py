@@ -18,7 +18,7 @@ import contextlib
 import os
 import tempfile
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncGenerator, AsyncIterator, Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -205,12 +205,15 @@ class VllmAsyncEngine:
         )
         self._live[request.request_id] = live
         try:
-            async for output in self._run(live):
-                yield output
+            # aclosing: a consumer that leaves early closes _run now (its finally aborts the
+            # request in vLLM), not whenever the generator is collected.
+            async with contextlib.aclosing(self._run(live)) as outputs:
+                async for output in outputs:
+                    yield output
         finally:
             self._live.pop(request.request_id, None)
 
-    async def _run(self, live: _Live) -> AsyncIterator[RequestOutput]:
+    async def _run(self, live: _Live) -> AsyncGenerator[RequestOutput, None]:
         """Read the request's deltas straight from vLLM's per-request output collector.
 
         NOTE: one wake-up per delta on the consumer's own task. This used to pump vLLM's
