@@ -18,6 +18,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from engine.model_config import ModelConfig
+from engine.prepacked_linear import prepacked_matmul
 
 __all__ = ["ExpertGroups", "SparseMoeBlock", "group_by_expert", "route", "touched_experts"]
 
@@ -97,10 +98,7 @@ class SparseMoeBlock(nn.Module):
 
     def _expert_linear(self, x: torch.Tensor, expert: int, which: int) -> torch.Tensor:
         if self._packed is not None:
-            out: torch.Tensor = torch.ops.mkldnn._linear_pointwise(
-                x, self._packed[expert][which], None, "none", [], ""
-            )
-            return out
+            return prepacked_matmul(x, self._packed[expert][which])
         weight = self.gate_up_proj[expert] if which == 0 else self.down_proj[expert]
         return F.linear(x, weight)
 

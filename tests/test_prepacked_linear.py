@@ -11,7 +11,7 @@ from torch import nn
 
 from engine.config import EngineConfig
 from engine.llm_engine import LLMEngine
-from engine.prepacked_linear import PrepackedLinear, prepacking_supported
+from engine.prepacked_linear import PrepackedLinear, bucketed_rows, prepacking_supported
 
 PROMPT = [5, 17, 99, 3, 250, 41, 8, 8, 120, 64, 7]
 
@@ -48,3 +48,28 @@ def test_prepacked_on_by_default_and_off_when_asked(tiny_model_dir: Path) -> Non
 def test_not_supported_off_cpu() -> None:
     assert not prepacking_supported(torch.device("cuda"), torch.float32)
     assert not prepacking_supported(torch.device("cpu"), torch.int8)
+
+
+def test_row_counts_are_bucketed_so_onednn_sees_few_shapes() -> None:
+    """oneDNN caches a primitive per row count (~0.6 MB each): a step budget's every count
+    would grow the engine's RSS by hundreds of MiB, so counts above 16 are padded to 16s."""
+    seen = {bucketed_rows(rows) for rows in range(1, 545)}
+    assert len(seen) == 16 + (544 - 16) // 16
+    assert all(bucketed_rows(r) >= r and bucketed_rows(r) - r < 16 for r in range(1, 545))
+    assert [bucketed_rows(r) for r in (1, 16, 17, 32, 33)] == [1, 16, 32, 32, 48]
+
+
+@pytest.mark.skipif(
+    not prepacking_supported(torch.device("cpu"), torch.float32), reason="no oneDNN here"
+)
+@pytest.mark.parametrize("rows", [1, 7, 16, 17, 31, 33, 100])
+def test_padded_rows_do_not_change_the_real_rows(rows: int) -> None:
+    torch.manual_seed(rows)
+    linear = nn.Linear(64, 96, bias=True)
+    packed = PrepackedLinear(linear)
+    x = torch.randn(rows, 64)
+    out = packed(x)
+    assert out.shape == (rows, 96)
+    torch.testing.assert_close(out, linear(x), rtol=1e-5, atol=1e-5)
+    # Leading dimensions other than rows are kept.
+    assert packed(x.reshape(1, rows, 64)).shape == (1, rows, 96)
