@@ -368,20 +368,6 @@ def test_a_bulk_job_writes_no_stream_entries(
 # ---- in-process: the publisher and the dispatcher's routes ---------------------------------
 
 
-@pytest.fixture
-async def aclient(redis_server: str) -> AsyncIterator[aioredis.Redis]:
-    client = aioredis.from_url(redis_server, decode_responses=True)
-    try:
-        yield client
-    finally:
-        await client.aclose()
-
-
-@pytest.fixture
-def keys() -> Keys:
-    return Keys(prefix=f"{{delivery-{uuid.uuid4().hex[:12]}}}:")
-
-
 async def test_appends_of_one_tick_leave_in_one_pipeline_in_order(
     aclient: aioredis.Redis, keys: Keys
 ) -> None:
