@@ -9,7 +9,7 @@ from collections.abc import Callable, Sequence
 
 
 def _make_model(args: argparse.Namespace) -> int:
-    from engine.make_model import make_model
+    from engine.model.make_model import make_model
 
     path = make_model(
         args.dir, args.preset, seed=args.seed, dtype=args.dtype, max_shard_bytes=args.shard_bytes
@@ -19,37 +19,37 @@ def _make_model(args: argparse.Namespace) -> int:
 
 
 def _bench_engine(args: argparse.Namespace) -> int:
-    from bench.engine_bench import run_engine_bench
+    from bench.engine.bench import run_engine_bench
 
     return run_engine_bench(args)
 
 
 def _bench_gateway(args: argparse.Namespace) -> int:
-    from bench.gateway_bench import run_gateway_bench
+    from bench.gateway.bench import run_gateway_bench
 
     return run_gateway_bench(args)
 
 
 def _bench_compare(args: argparse.Namespace) -> int:
-    from bench.compare import run_compare
+    from bench.live.compare import run_compare
 
     return run_compare(args)
 
 
 def _bench_sweep(args: argparse.Namespace) -> int:
-    from bench.sweep import run_sweep
+    from bench.live.sweep import run_sweep
 
     return run_sweep(args)
 
 
 def _bench_simulate(args: argparse.Namespace) -> int:
-    from bench.simulate import run_simulate
+    from bench.sim.simulate import run_simulate
 
     return run_simulate(args)
 
 
 def _envelope_derive(args: argparse.Namespace) -> int:
-    from bench.envelope_cli import run_envelope_derive
+    from planning.envelope_command import run_envelope_derive
 
     return run_envelope_derive(args)
 
@@ -77,13 +77,13 @@ def _add_envelope(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
 
 
 def _serve(args: argparse.Namespace) -> int:
-    from gateway.serve import run_serve
+    from gateway.runtime.serve import run_serve
 
     return run_serve(args)
 
 
 def _add_serve(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    from gateway.serve import add_serve_arguments
+    from gateway.runtime.serve import add_serve_arguments
 
     p = sub.add_parser("serve", help="run the gateway + engine (OpenAI-compatible HTTP)")
     add_serve_arguments(p)
@@ -91,7 +91,7 @@ def _add_serve(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
 
 
 def _add_make_model(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    from engine.presets import PRESET_NAMES
+    from engine.model.presets import PRESET_NAMES
 
     p = sub.add_parser("make-model", help="write a seeded random model folder (HF layout)")
     p.add_argument("dir", help="output folder")
@@ -135,7 +135,7 @@ def _add_bench(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
         help="matrix size for the bandwidth measurement (default: 2x the L3, at least 256)",
     )
     engine.set_defaults(handler=_bench_engine)
-    from bench.gateway_bench_args import add_gateway_bench_arguments
+    from bench.gateway.args import add_gateway_bench_arguments
 
     gateway = kinds.add_parser("gateway", help="queue round trips; TTFT via gateway vs engine")
     add_gateway_bench_arguments(gateway)
@@ -169,13 +169,13 @@ def _add_bench(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
 
 
 def _bench_breakdown(args: argparse.Namespace) -> int:
-    from bench.latency_breakdown import run_breakdown
+    from bench.gateway.breakdown import run_breakdown
 
     return run_breakdown(args)
 
 
 def _add_breakdown(kinds: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    from bench.latency_breakdown_args import add_breakdown_arguments
+    from bench.gateway.breakdown_args import add_breakdown_arguments
 
     breakdown = kinds.add_parser(
         "breakdown", help="where chat TTFT/ITL go: queueing, engine, Redis, event-loop lag"
@@ -185,19 +185,19 @@ def _add_breakdown(kinds: argparse._SubParsersAction[argparse.ArgumentParser]) -
 
 
 def _bench_soak(args: argparse.Namespace) -> int:
-    from bench.soak import run_soak
+    from bench.soak.run import run_soak
 
     return run_soak(args)
 
 
 def _bench_batch(args: argparse.Namespace) -> int:
-    from bench.batch_bench import run_batch_bench
+    from bench.gateway.batch_bench import run_batch_bench
 
     return run_batch_bench(args)
 
 
 def _add_batch_bench(kinds: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    from bench.batch_bench_args import add_batch_bench_arguments
+    from bench.gateway.batch_bench_args import add_batch_bench_arguments
 
     batch = kinds.add_parser("batch", help="streamed chat TTFT/ITL with and without a batch")
     add_batch_bench_arguments(batch)
@@ -205,7 +205,7 @@ def _add_batch_bench(kinds: argparse._SubParsersAction[argparse.ArgumentParser])
 
 
 def _add_soak(kinds: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    from bench.soak_args import add_soak_arguments
+    from bench.soak.args import add_soak_arguments
 
     soak = kinds.add_parser("soak", help="bounded soak under load: memory, KV blocks, tasks")
     add_soak_arguments(soak)
@@ -218,7 +218,7 @@ def _add_simulation(
     sweep: argparse.ArgumentParser,
 ) -> None:
     """`bench simulate`, and `--simulate` (virtual time, cost model) for compare and sweep."""
-    from bench.sim_args import add_simulate_arguments, add_simulation_flags
+    from bench.sim.args import add_simulate_arguments, add_simulation_flags
 
     simulate = kinds.add_parser(
         "simulate", help="the real scheduler in virtual time, step times from the cost model"
@@ -230,21 +230,22 @@ def _add_simulation(
 
 
 def _plan(args: argparse.Namespace) -> int:
-    from bench.plan_cli import run_plan
+    from engine.model.presets import preset_configs
+    from planning.plan_command import run_plan
 
-    return run_plan(args)
+    return run_plan(args, preset_configs())
 
 
 def _plan_calibrate(args: argparse.Namespace) -> int:
-    from bench.calibrate import run_calibrate
+    from bench.engine.calibrate import run_calibrate
 
     return run_calibrate(args)
 
 
 def _add_plan(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     """`plan` (cost model per batch size, best B, starting envelope) and `plan calibrate`."""
-    from bench.calibrate_args import add_calibrate_arguments
-    from bench.plan_cli import add_plan_arguments
+    from bench.engine.calibrate_args import add_calibrate_arguments
+    from planning.plan_command import add_plan_arguments
 
     plan = sub.add_parser("plan", help="capacity plan from the cost model; `calibrate` measures")
     add_plan_arguments(plan)

@@ -6,7 +6,7 @@ cannot serve in time is refused at once (429 + Retry-After) instead of timing ou
 Model (every assumption here is optimistic or pessimistic on purpose, and says which):
 
 - The engine drains queued work at the rates in ``EngineRates``. Until the engine has measured
-  them they come from the cost model (``policies/costmodel.py``), which is optimistic; once
+  them they come from the cost model (``planning/costmodel.py``), which is optimistic; once
   measured rates exist the gateway passes those instead (``EngineRates.measured``).
 - Classes are served in strict priority, and an interactive request overtakes every bulk
   request, queued or running (the scheduler gives interactive prefill the step budget before

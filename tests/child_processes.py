@@ -62,7 +62,7 @@ def engine_child(server_pid: int, timeout_s: float = 10.0) -> int:
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         for pid, line in children(server_pid).items():
-            if "engine.core.main" in line:
+            if "engine.process.main" in line:
                 return pid
         time.sleep(0.02)
     raise AssertionError(f"no engine core child of {server_pid}")

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import redis.asyncio as aioredis
 
-from bench.processes import ServerProcess, start_redis, stop_process
+from bench.live.processes import ServerProcess, start_redis, stop_process
 from gateway.queue.keys import Keys
 from tests.dependencies import missing_dependency
 
@@ -62,7 +62,7 @@ def keys() -> Keys:
 @pytest.fixture(scope="session")
 def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A `tiny` preset folder (seeded random weights, byte-level tokenizer), HF layout."""
-    from engine.make_model import make_model
+    from engine.model.make_model import make_model
 
     return make_model(tmp_path_factory.mktemp("tiny-model"), "tiny", seed=1)
 

@@ -2,8 +2,9 @@
 (multipart part `file`, `application/jsonl`; part `purpose`, `text/plain`).
 
 OpenAPI can say that the part is JSONL but not what JSONL is, so without this a fuzzer fills the
-part with arbitrary bytes, which the server rightly refuses. Used by tests/test_fuzz_openapi.py
-and by the CLI: `SCHEMATHESIS_HOOKS=tests.fuzz_openapi_hooks schemathesis run ...`.
+part with arbitrary bytes, which the server rightly refuses. Used by
+tests/gateway/test_fuzz_openapi.py and by the CLI: `SCHEMATHESIS_HOOKS=tests.fuzz_openapi_hooks
+schemathesis run ...`.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from typing import Any
 import schemathesis
 from hypothesis import strategies as st
 
-from gateway.openapi_batch import JSONL_MEDIA_TYPE
+from gateway.http.openapi_batch import JSONL_MEDIA_TYPE
 
 __all__ = ["jsonl_batch_file"]
 

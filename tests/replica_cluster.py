@@ -17,7 +17,7 @@ from typing import Any
 import httpx
 import redis
 
-from bench.processes import ServerProcess
+from bench.live.processes import ServerProcess
 from gateway.queue import Keys
 from policies.envelope import Envelope, dump_envelope
 

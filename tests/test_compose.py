@@ -180,7 +180,7 @@ def test_grafana_dashboard_uses_the_gateway_metrics() -> None:
         target["expr"] for panel in dashboard["panels"] for target in panel.get("targets", [])
     )
     used = set(re.findall(r"mixgate_[a-z0-9_]+", exprs))
-    declared = (ROOT / "gateway" / "metrics.py").read_text()
+    declared = (ROOT / "gateway" / "http" / "metrics.py").read_text()
     for metric in used:
         base = metric.removesuffix("_bucket").removesuffix("_total")
         assert f'"{metric}"' in declared or f'"{base}"' in declared, metric

@@ -17,7 +17,7 @@ from redis.commands.core import AsyncScript
 
 from gateway.batch.file_storage import FileStorage
 from gateway.batch.keys import BatchKeys
-from gateway.redis_text import redis_text
+from gateway.queue.redis_text import redis_text
 
 __all__ = ["FileRecord", "FileStore", "file_object", "new_file_id"]
 

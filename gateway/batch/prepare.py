@@ -12,17 +12,17 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from engine.errors import RequestValidationError
-from gateway.admission_service import FALLBACK_DECODE_TOKENS_PER_S, FALLBACK_PREFILL_TOKENS_PER_S
+from engine.core.errors import RequestValidationError
+from gateway.admission.intake import build_payload
+from gateway.admission.service import FALLBACK_DECODE_TOKENS_PER_S, FALLBACK_PREFILL_TOKENS_PER_S
 from gateway.batch.feasibility import BatchWork
 from gateway.batch.lines import InputLine, LineError, ParsedInput
 from gateway.batch.result_lines import line_job_id
 from gateway.batch.todo import TodoLine
-from gateway.errors import APIError
-from gateway.intake import build_payload
-from gateway.job_payload import JobPayload
-from gateway.schemas import parse_chat_request
-from gateway.state import GatewayState
+from gateway.http.errors import APIError
+from gateway.http.schemas import parse_chat_request
+from gateway.http.state import GatewayState
+from gateway.queue.payload import JobPayload
 from policies.admission import (
     AdmissionConfig,
     EngineRates,

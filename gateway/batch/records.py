@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any
 
-from gateway.redis_text import redis_text
+from gateway.queue.redis_text import redis_text
 
 __all__ = ["TIMESTAMP_FIELDS", "BatchRecord", "BatchStatus", "StopReason", "batch_object"]
 

@@ -5,7 +5,7 @@
      "error": null}
 
 A successful line's ``body`` is built by the same function as a ``/v1/chat/completions``
-response (`gateway.schemas.chat_completion_body`), so the two differ only in ``id`` and
+response (`gateway.http.schemas.chat_completion_body`), so the two differ only in ``id`` and
 ``created``. A request that ran and failed has the HTTP error as its response; a line that did
 not run (malformed, expired, cancelled) has ``response: null`` and an ``error``.
 """
@@ -17,9 +17,9 @@ from typing import Any, Final
 
 from gateway.batch.lines import LineError
 from gateway.batch.records import StopReason
-from gateway.job_payload import JobPayload
+from gateway.http.schemas import chat_completion_body
 from gateway.queue import JobRecord, JobStatus
-from gateway.schemas import chat_completion_body
+from gateway.queue.payload import JobPayload
 
 __all__ = ["line_job_id", "line_number", "malformed_line", "outcome_line", "skipped_line"]
 

@@ -12,7 +12,7 @@ from gateway.batch.keys import BatchKeys
 from gateway.batch.store import BatchStore
 from gateway.batch.supervisor import Supervisor, SupervisorConfig
 from gateway.queue import QueueStore
-from gateway.settings import Settings
+from gateway.runtime.settings import Settings
 
 __all__ = ["BatchRuntime"]
 

@@ -16,7 +16,7 @@ from gateway.batch.keys import BatchKeys
 from gateway.batch.records import BatchRecord
 from gateway.batch.scripts import load_scripts
 from gateway.queue import AdmitStatus, NewJob
-from gateway.redis_text import redis_text
+from gateway.queue.redis_text import redis_text
 from policies.request_class import RequestClass
 
 __all__ = ["BatchStore", "PassAborted"]

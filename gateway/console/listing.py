@@ -15,8 +15,8 @@ from typing import Any
 
 from redis.asyncio import Redis
 
-from gateway.errors import APIError
-from gateway.redis_text import redis_text
+from gateway.http.errors import APIError
+from gateway.queue.redis_text import redis_text
 
 __all__ = ["Cursor", "ListedId", "merged_page", "parse_cursor"]
 

@@ -28,8 +28,8 @@ from gateway.console.windows import (
     histogram_counts,
     histogram_quantile,
 )
-from gateway.metrics import engine_step_records
-from gateway.state import GatewayState
+from gateway.http.metrics import engine_step_records
+from gateway.http.state import GatewayState
 from policies.request_class import RequestClass
 
 __all__ = ["LATENCY_WINDOW_S", "RATE_WINDOW_S", "ConsoleLive"]

@@ -25,17 +25,17 @@ from starlette.responses import (
 from starlette.routing import BaseRoute, Mount, Route
 from starlette.staticfiles import StaticFiles
 
-from gateway import routes_batches
-from gateway.auth import OPEN_MODE_WARNING, Principal
 from gateway.batch.records import BatchRecord, batch_object
 from gateway.console.listing import merged_page, parse_cursor
 from gateway.console.live import LATENCY_WINDOW_S, ConsoleLive
-from gateway.errors import APIError
+from gateway.http import routes_batches
+from gateway.http.auth import OPEN_MODE_WARNING, Principal
+from gateway.http.errors import APIError
+from gateway.http.routes_files import runtime
+from gateway.http.routes_jobs import job_object
+from gateway.http.state import GatewayState
 from gateway.queue import QueueStore
-from gateway.redis_health import require_redis
-from gateway.routes_files import runtime
-from gateway.routes_jobs import job_object
-from gateway.state import GatewayState
+from gateway.runtime.redis_health import require_redis
 
 __all__ = ["console_routes"]
 

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 
 from prometheus_client import Counter, Histogram
 
-from engine.step_record import StepRecord
+from engine.core.step_record import StepRecord
 from policies.request_class import RequestClass
 
 __all__ = [

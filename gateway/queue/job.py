@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any
 
-from gateway.redis_text import redis_text
+from gateway.queue.redis_text import redis_text
 from policies.request_class import RequestClass
 
 

@@ -17,7 +17,7 @@ from typing import Any
 from redis.asyncio import Redis
 from redis.commands.core import AsyncScript
 
-from gateway.coalescer import Coalescer
+from gateway.queue.coalescer import Coalescer
 from gateway.queue.job import (
     COMPLETION_STATUSES,
     STATUS_FIELDS,
@@ -27,6 +27,7 @@ from gateway.queue.job import (
     NewJob,
 )
 from gateway.queue.keys import Keys
+from gateway.queue.redis_text import redis_text
 from gateway.queue.results import (
     AdmitResult,
     AdmitStatus,
@@ -35,7 +36,6 @@ from gateway.queue.results import (
     QueueDepth,
     ReclaimResult,
 )
-from gateway.redis_text import redis_text
 from policies.request_class import RequestClass
 
 # What redis-py accepts as a script argument.

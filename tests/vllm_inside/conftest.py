@@ -1,5 +1,5 @@
 """Collected only where vLLM is installed (the main suite runs this folder through
-tests/test_vllm_backend.py in .venv-vllm instead)."""
+tests/engine/test_vllm_backend.py in .venv-vllm instead)."""
 
 from __future__ import annotations
 

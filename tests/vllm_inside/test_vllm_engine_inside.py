@@ -2,7 +2,7 @@
 
     .venv-vllm/bin/python -m pytest tests/vllm_inside -q
 
-(tests/test_vllm_backend.py runs this from the main suite.) One engine per module: vLLM takes
+(tests/engine/test_vllm_backend.py runs this from the main suite.) One engine per module: vLLM takes
 tens of seconds to start on 2 cores. The model is the `small` preset: vLLM's CPU attention
 needs a head size of at least 32, and `tiny`'s is 16.
 """
@@ -19,12 +19,12 @@ from tests.dependencies import require_module
 
 require_module("vllm", "run with the vLLM environment's python (.venv-vllm)")
 
-from engine.config import EngineConfig  # noqa: E402
-from engine.llm_engine import LLMEngine  # noqa: E402
-from engine.make_model import make_model  # noqa: E402
-from engine.request import GenerationRequest, RequestOutput  # noqa: E402
-from engine.sampling_params import SamplingParams  # noqa: E402
-from engine.vllm_backend import VllmAsyncEngine  # noqa: E402
+from engine.backends.vllm.backend import VllmAsyncEngine  # noqa: E402
+from engine.core.config import EngineConfig  # noqa: E402
+from engine.core.llm_engine import LLMEngine  # noqa: E402
+from engine.core.request import GenerationRequest, RequestOutput  # noqa: E402
+from engine.core.sampling_params import SamplingParams  # noqa: E402
+from engine.model.make_model import make_model  # noqa: E402
 from policies.request_class import RequestClass  # noqa: E402
 
 pytestmark = [

@@ -1,6 +1,6 @@
 """`mixgate serve --engine vllm` end to end: real redis-server, real HTTP, real vLLM on CPU.
 
-Runs inside the vLLM environment (tests/test_vllm_backend.py starts it), so `ServerProcess`
+Runs inside the vLLM environment (tests/engine/test_vllm_backend.py starts it), so `ServerProcess`
 starts the servers with that environment's python. A native server on the same folder is the
 reference for greedy outputs.
 """
@@ -20,10 +20,10 @@ from tests.dependencies import require_module
 
 require_module("vllm", "run with the vLLM environment's python (.venv-vllm)")
 
-from bench.processes import ServerProcess  # noqa: E402
-from engine.make_model import make_model  # noqa: E402
+from bench.live.processes import ServerProcess  # noqa: E402
+from engine.model.make_model import make_model  # noqa: E402
 from policies.envelope import Envelope, dump_envelope  # noqa: E402
-from tests.test_gateway_e2e import chat_body, kv_state, model_name, wait_jobs  # noqa: E402
+from tests.gateway.test_gateway_e2e import chat_body, kv_state, model_name, wait_jobs  # noqa: E402
 
 pytestmark = [
     pytest.mark.redis,

@@ -1,0 +1,3 @@
+"""Engine benchmarks: step times against the roofline estimate, the naive baseline, hardware rates,
+calibration.
+"""

@@ -1,0 +1,203 @@
+"""`mixgate bench gateway`: what the gateway adds on top of the engine, on the `tiny` preset so
+the model itself costs little.
+
+1. Queue round trips against a real Redis (`bench.gateway.queue_ops`): admissions/s, full
+   round trips/s (admit, claim, publish DELTA + END, complete, read back), p50/p99 of admit and
+   of claim.
+2. TTFT through `mixgate serve` vs an in-process AsyncEngine on the same model folder and the
+   same prompts (`bench.gateway.ttft`); gateway-added = gateway minus direct, per
+   percentile. The two run one after the other, not side by side, so their noise differs.
+3. On the same server: Redis commands of one streamed 64-token chat, counted at the Redis
+   server (`bench.gateway.redis_commands`); then job submissions/s through POST /v1/jobs and job
+   status polls/s through GET /v1/jobs/{id}, from keep-alive connections at once
+   (`bench.gateway.http_load`).
+
+Targets (reported, not enforced): gateway-added TTFT p99 <= 2 ms; >= 2,000 admissions/s and
+>= 2,000 job submissions/s on 2 cores; >= 5,000 polls/s; <= 12 Redis commands per chat.
+Without `--redis-url` a throwaway redis-server is started and stopped.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import httpx
+import uvloop
+from rich.console import Console
+from rich.table import Table
+
+from bench.gateway.http_load import HttpPhase, job_bodies, poll_jobs, submit_jobs
+from bench.gateway.queue_ops import run_queue_bench
+from bench.gateway.redis_commands import ChatCommands, count_chat_commands
+from bench.gateway.ttft import (
+    MAX_TOKENS,
+    engine_ttft_ms,
+    gateway_ttft_ms,
+    served_model,
+    start_bench_server,
+    streamed_chat,
+)
+from bench.live.processes import redis_url
+from bench.report.summary import percentile
+from engine.model.make_model import make_model
+
+__all__ = ["percentiles", "run_gateway_bench"]
+
+TARGET_ADDED_P99_MS = 2.0
+TARGET_ADMISSIONS_PER_S = 2000.0
+TARGET_SUBMISSIONS_PER_S = 2000.0
+TARGET_POLLS_PER_S = 5000.0
+TARGET_COMMANDS_PER_CHAT = 12.0
+# The chat whose Redis commands are counted (issue 13's measure: one streamed 64-token chat).
+COMMANDS_CHAT_TOKENS = 64
+PRESET = "tiny"
+
+
+def percentiles(values: list[float]) -> dict[str, float]:
+    """Nearest-rank p50 and p99 (bench.report.summary's method)."""
+    p50, p99 = percentile(values, 50), percentile(values, 99)
+    if p50 is None or p99 is None:
+        raise ValueError("no samples")
+    return {"p50": p50, "p99": p99}
+
+
+# The server the live phases run on: its periodic loops slowed so that the Redis commands of
+# one chat stand out from the idle traffic, and bulk left unclaimed so that the submissions
+# phase measures intake, not the engine running the jobs it just accepted on the same cores.
+LIVE_SERVER_ENV = {
+    "MIXGATE_CLAIM_CLASSES": "interactive",
+    "MIXGATE_REDIS_CHECK_INTERVAL_S": "5",
+    "MIXGATE_BATCH_POLL_INTERVAL_S": "5",
+    "MIXGATE_LEASE_S": "30",
+}
+
+
+def _live_phases(args: argparse.Namespace, url: str, work: Path, model_dir: Path) -> dict[str, Any]:
+    server = start_bench_server(model_dir, url, work / "server", LIVE_SERVER_ENV)
+    try:
+        ttft = gateway_ttft_ms(server.url, args.chats)
+        commands = count_chat_commands(url, lambda: streamed_chat(server.url, COMMANDS_CHAT_TOKENS))
+        with httpx.Client(base_url=server.url) as client:
+            model = served_model(client)
+        bodies = job_bodies(model, args.submissions)
+        submitted = uvloop.run(submit_jobs(server.url, bodies, args.connections))
+        polled = uvloop.run(poll_jobs(server.url, submitted.job_ids, args.polls, args.connections))
+    finally:
+        server.stop()
+    return {"ttft": ttft, "commands": commands, "submitted": submitted, "polled": polled}
+
+
+def _measure(args: argparse.Namespace, work: Path) -> dict[str, Any]:
+    with redis_url(args.redis_url, work) as url:
+        queue = asyncio.run(run_queue_bench(url, args.admissions, args.concurrency))
+        model_dir = make_model(work / "model", PRESET, seed=0)
+        live = _live_phases(args, url, work, model_dir)
+    gateway = live["ttft"]
+    direct = asyncio.run(engine_ttft_ms(model_dir, args.chats))
+    ttft_gateway, ttft_engine = percentiles(gateway), percentiles(direct)
+    commands: ChatCommands = live["commands"]
+    submitted: HttpPhase = live["submitted"]
+    polled: HttpPhase = live["polled"]
+    return {
+        "admissions_per_s": queue.admissions_per_s,
+        "round_trips_per_s": queue.round_trips_per_s,
+        "job_submissions_per_s": submitted.per_s,
+        "job_polls_per_s": polled.per_s,
+        "redis_commands_per_chat": commands.per_chat,
+        "admit_ms": percentiles(queue.admit_ms),
+        "claim_ms": percentiles(queue.claim_ms),
+        "ttft_gateway_ms": ttft_gateway,
+        "ttft_engine_ms": ttft_engine,
+        "gateway_added_ms": {q: ttft_gateway[q] - ttft_engine[q] for q in ("p50", "p99")},
+        "http": {
+            "submission_statuses": {str(k): v for k, v in sorted(submitted.statuses.items())},
+            "submissions_s": submitted.elapsed_s,
+            "poll_statuses": {str(k): v for k, v in sorted(polled.statuses.items())},
+            "polls_s": polled.elapsed_s,
+        },
+        "redis_commands": {
+            "raw_during_chat": commands.raw_during_chat,
+            "idle_per_s": commands.idle_per_s,
+            "chat_s": commands.chat_s,
+            "chat_tokens": COMMANDS_CHAT_TOKENS,
+        },
+        "config": {
+            "redis_url": args.redis_url or "spawned redis-server",
+            "admissions": args.admissions,
+            "concurrency": args.concurrency,
+            "chats": args.chats,
+            "submissions": args.submissions,
+            "polls": args.polls,
+            "connections": args.connections,
+            "chats_timed_gateway": len(gateway),
+            "chats_timed_engine": len(direct),
+            "preset": PRESET,
+            "max_tokens": MAX_TOKENS,
+            "num_threads": 1,
+            "cpu_count": os.cpu_count(),
+            "load_average": os.getloadavg(),
+            "server_env": LIVE_SERVER_ENV,
+            "note": "gateway and direct-engine TTFT run one after the other, not side by "
+            "side, so their noise differs; gateway_added = gateway minus direct per percentile; "
+            "submissions and polls are 2xx answers per second over keep-alive connections from "
+            "one client process on the same machine",
+        },
+    }
+
+
+def _print(result: dict[str, Any]) -> None:
+    table = Table(title=f"mixgate bench gateway ({PRESET} preset)")
+    for column in ("metric", "value / p50", "p99", "target"):
+        table.add_column(column, justify="left" if column == "metric" else "right")
+    admits = result["admissions_per_s"]
+    admits_met = "met" if admits >= TARGET_ADMISSIONS_PER_S else "missed"
+    table.add_row(
+        "admissions/s",
+        f"{admits:,.0f}",
+        "",
+        f">= {TARGET_ADMISSIONS_PER_S:,.0f} ({admits_met})",
+    )
+    table.add_row("full round trips/s", f"{result['round_trips_per_s']:,.0f}", "", "")
+    for label, key, bound_value, higher in (
+        ("job submissions/s (HTTP)", "job_submissions_per_s", TARGET_SUBMISSIONS_PER_S, True),
+        ("job polls/s (HTTP)", "job_polls_per_s", TARGET_POLLS_PER_S, True),
+        ("Redis commands per chat", "redis_commands_per_chat", TARGET_COMMANDS_PER_CHAT, False),
+    ):
+        value = result[key]
+        ok = value >= bound_value if higher else value <= bound_value
+        bound = f"{'>=' if higher else '<='} {bound_value:,.0f} ({'met' if ok else 'missed'})"
+        table.add_row(label, f"{value:,.0f}", "", bound)
+    added_p99 = result["gateway_added_ms"]["p99"]
+    met = "met" if added_p99 <= TARGET_ADDED_P99_MS else "missed"
+    rows = [
+        ("admit ms", "admit_ms", ""),
+        ("claim ms", "claim_ms", ""),
+        ("TTFT gateway ms", "ttft_gateway_ms", ""),
+        ("TTFT engine direct ms", "ttft_engine_ms", ""),
+        ("gateway-added TTFT ms", "gateway_added_ms", f"p99 <= {TARGET_ADDED_P99_MS} ({met})"),
+    ]
+    for label, key, note in rows:
+        table.add_row(label, f"{result[key]['p50']:.3f}", f"{result[key]['p99']:.3f}", note)
+    console = Console()
+    console.print(table)
+    config = result["config"]
+    load = ", ".join(f"{x:.2f}" for x in config["load_average"])
+    console.print(f"[dim]{config['cpu_count']} CPUs, load average {load}; {config['note']}.[/dim]")
+
+
+def run_gateway_bench(args: argparse.Namespace) -> int:
+    for name in ("admissions", "concurrency", "chats", "submissions", "polls", "connections"):
+        if getattr(args, name) < 1:
+            raise SystemExit(f"--{name} must be at least 1")
+    with tempfile.TemporaryDirectory(prefix="mixgate-bench-gw-") as tmp:
+        result = _measure(args, Path(tmp))
+    _print(result)
+    if args.json:
+        Path(args.json).write_text(json.dumps(result, indent=2) + "\n")
+    return 0

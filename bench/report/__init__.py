@@ -1,0 +1,1 @@
+"""Run folders: summaries, the markdown report, the plots."""

@@ -1,0 +1,3 @@
+"""The simulator: a workload through the live engine's loop in virtual time, with a modelled
+gateway.
+"""

@@ -1,0 +1,1 @@
+"""The soak: a long run at a steady load, judged on leaks and losses."""

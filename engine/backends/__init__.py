@@ -1,0 +1,1 @@
+"""Other engines behind mixgate's AsyncEngine interface."""

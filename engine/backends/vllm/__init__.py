@@ -1,0 +1,3 @@
+"""vLLM as mixgate's engine: engine arguments, the async engine adapter, mixgate's step composition
+inside vLLM's scheduler, its stats.
+"""

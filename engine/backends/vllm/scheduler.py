@@ -1,0 +1,94 @@
+"""`ClassAwareScheduler`: mixgate's step composition inside vLLM, through `scheduler_cls`.
+
+vLLM (0.32) runs this class in its engine-core process. Its `schedule()` is one long method with no
+hooks for per-class budgets, so this subclass does not re-implement it: before each step it reorders
+`running`, sets aside the running prefills that sit the step out, and lowers the step's token
+budget, all as `engine.backends.vllm.step_plan.compose_step` says; then it calls the real
+`schedule()` and puts everything back. Preemption, prefix caching, KV allocation and the priority
+queue of waiting requests are vLLM's own (the class is the request's priority: interactive 0, bulk
+1).
+
+
+The knobs come from `additional_config["mixgate"]` (see `engine.backends.vllm.args`). Import this
+only where vLLM is installed.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from vllm.v1.core.sched.scheduler import Scheduler
+
+from engine.backends.vllm.step_plan import StepKnobs, WorkItem, compose_step
+from policies.request_class import RequestClass
+
+__all__ = ["ClassAwareScheduler", "knobs_from_config"]
+
+# The vLLM priority of each class (lower runs first).
+INTERACTIVE_PRIORITY = 0
+
+
+def knobs_from_config(additional_config: Any) -> StepKnobs:
+    mixgate = dict(additional_config or {}).get("mixgate")
+    if not isinstance(mixgate, dict):
+        raise ValueError("ClassAwareScheduler needs additional_config['mixgate'] (the envelope)")
+    return StepKnobs(
+        step_token_budget=int(mixgate["step_token_budget"]),
+        prefill_chunk_tokens=int(mixgate["prefill_chunk_tokens"]),
+        bulk_prefill_chunk_tokens=int(mixgate["bulk_prefill_chunk_tokens"]),
+        bulk_min_share=float(mixgate["bulk_min_share"]),
+        bulk_aging_s=float(mixgate["bulk_aging_s"]),
+    )
+
+
+def _work_item(key: int, request: Any, now_s: float) -> WorkItem:
+    remaining = (
+        request.num_tokens_with_spec + request.num_output_placeholders - request.num_computed_tokens
+    )
+    return WorkItem(
+        key=key,
+        request_class=(
+            RequestClass.INTERACTIVE
+            if request.priority <= INTERACTIVE_PRIORITY
+            else RequestClass.BULK
+        ),
+        remaining_tokens=max(1, remaining),
+        # vLLM stamps arrival_time with time.time() when the request enters the engine.
+        age_s=max(0.0, now_s - request.arrival_time),
+    )
+
+
+class ClassAwareScheduler(Scheduler):  # type: ignore[misc]
+    # vLLM's attributes this class reads and sets around each step.
+    running: list[Any]
+    waiting: Any
+    vllm_config: Any
+    max_num_scheduled_tokens: int
+    max_num_running_reqs: int
+    max_num_active_reqs: int
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.mixgate_knobs = knobs_from_config(self.vllm_config.additional_config)
+
+    def schedule(self, *args: Any, **kwargs: Any) -> Any:
+        now_s = time.time()
+        running = list(self.running)
+        items = [_work_item(i, r, now_s) for i, r in enumerate(running)]
+        waiting = [_work_item(len(running) + i, r, now_s) for i, r in enumerate(self.waiting)]
+        plan = compose_step(items, waiting, self.mixgate_knobs)
+        held = [running[i] for i in sorted(plan.held_back)]
+        saved = (self.max_num_scheduled_tokens, self.max_num_running_reqs, self.max_num_active_reqs)
+        # NOTE: requests set aside still hold their slots; vLLM counts slots as len(running),
+        # so its limits shrink by as many for this step.
+        self.running = [running[i] for i in plan.running_order]
+        self.max_num_scheduled_tokens = min(saved[0], plan.token_budget)
+        self.max_num_running_reqs = saved[1] - len(held)
+        self.max_num_active_reqs = saved[2] - len(held)
+        try:
+            return super().schedule(*args, **kwargs)
+        finally:
+            self.max_num_scheduled_tokens, self.max_num_running_reqs = saved[0], saved[1]
+            self.max_num_active_reqs = saved[2]
+            self.running.extend(held)

@@ -1,0 +1,139 @@
+"""Runs one step: one forward over a flattened batch mixing prefill chunks and decode tokens."""
+
+from __future__ import annotations
+
+import torch
+
+from engine.core.scheduler_output import ScheduledChunk, SchedulerOutput
+from engine.model.attention import (
+    DecodeGroup,
+    GatherBuffers,
+    PagedAttention,
+    PagedAttentionMetadata,
+    PrefillSpan,
+)
+from engine.model.config import ModelConfig
+from engine.model.prepacked_linear import prepack_linears, prepacking_supported
+from engine.model.sampler import Sampler
+from engine.model.step_inputs import StepInputBuilder, StepInputs
+from engine.model.transformer import LlamaModel
+
+
+def kv_block_bytes(config: ModelConfig, block_size: int, dtype: torch.dtype) -> int:
+    """Bytes one KV block takes over all layers (K and V)."""
+    element_bytes = torch.empty((), dtype=dtype).element_size()
+    return (
+        2
+        * config.num_hidden_layers
+        * block_size
+        * config.num_key_value_heads
+        * (config.head_dim * element_bytes)
+    )
+
+
+class ModelRunner:
+    """Owns the model, the paged KV cache and the sampler; the executor of the torch engine."""
+
+    def __init__(
+        self,
+        model: LlamaModel,
+        num_blocks: int,
+        block_size: int,
+        dtype: torch.dtype,
+        device: torch.device,
+        seed: int,
+        *,
+        prepack: bool = True,
+    ):
+        config = model.config
+        # oneDNN-prepacked weights where this CPU runs them (engine/model/prepacked_linear.py: 2-7x
+        # faster small-row GEMMs than torch's default path on Zen 4); `prepack=False` keeps
+        # torch's own linears (EngineConfig.prepack_linears).
+        self.prepacked = prepack and prepacking_supported(device, dtype)
+        if self.prepacked:
+            prepack_linears(model)
+        self.model = model
+        self.block_size = block_size
+        self.device = device
+        self.kv_cache = torch.zeros(
+            config.num_hidden_layers,
+            2,
+            num_blocks,
+            block_size,
+            config.num_key_value_heads,
+            config.head_dim,
+            dtype=dtype,
+            device=device,
+        )
+        self.sampler = Sampler(device, seed)
+        self.gather_buffers = GatherBuffers()
+        self.inputs = StepInputBuilder(block_size, device)
+
+    @torch.inference_mode()
+    def execute(self, output: SchedulerOutput) -> dict[str, int]:
+        """Run the step's forward and return the token sampled for each chunk that samples."""
+        # Single-token chunks first, shortest context first: the attention backend batches
+        # them by similar length.
+        chunks = sorted(output.chunks, key=lambda c: (c.num_tokens != 1, c.end_pos))
+        inputs = self.inputs.build(chunks)
+        meta = self._metadata(chunks, inputs)
+        attention = PagedAttention(self.kv_cache, meta, self.gather_buffers)
+        hidden = self.model(inputs.input_ids, inputs.positions, attention)
+        sampling = inputs.sampling_chunks
+        if not sampling:
+            return {}
+        if inputs.sample_rows is not None:
+            hidden = hidden.index_select(0, inputs.sample_rows)
+        logits = self.model.compute_logits(hidden)
+        ids = [c.seq.seq_id for c in sampling]
+        tokens = self.sampler.sample(logits, ids, [c.seq.sampling for c in sampling])
+        return dict(zip(ids, tokens, strict=True))
+
+    def _metadata(self, chunks: list[ScheduledChunk], inputs: StepInputs) -> PagedAttentionMetadata:
+        num_singles = len(chunks) if inputs.all_single else sum(c.num_tokens == 1 for c in chunks)
+        size = self.block_size
+        table = self.inputs.block_tables.table
+        groups = []
+        start = 0
+        block_counts = [-(-c.end_pos // size) for c in chunks[:num_singles]]
+        for group in _length_groups(block_counts):
+            end = start + group
+            max_blocks = block_counts[end - 1]  # ascending context: the last is the longest
+            tables = table.index_select(0, inputs.rows[start:end])[:, :max_blocks]
+            key_pos = self.inputs.arange(max_blocks * size)
+            lengths = inputs.context_lens[start:end]
+            mask = (key_pos.unsqueeze(0) < lengths.unsqueeze(1)).view(group, 1, 1, -1)
+            groups.append(DecodeGroup(start, end, tables, mask))
+            start = end
+        spans = []
+        for index in range(num_singles, len(chunks)):
+            chunk = chunks[index]
+            row = inputs.row_ids[index]
+            block_table = table[row, : -(-chunk.end_pos // size)]
+            span_mask: torch.Tensor | None = None
+            if chunk.start_pos > 0:
+                query_pos = inputs.positions[start : start + chunk.num_tokens]
+                key_pos = self.inputs.arange(chunk.end_pos)
+                span_mask = key_pos.unsqueeze(0) <= query_pos.unsqueeze(1)
+            spans.append(
+                PrefillSpan(start, start + chunk.num_tokens, chunk.end_pos, block_table, span_mask)
+            )
+            start += chunk.num_tokens
+        return PagedAttentionMetadata(inputs.slot_mapping, tuple(groups), tuple(spans))
+
+
+def _length_groups(block_counts: list[int]) -> list[int]:
+    """Split ascending block counts into runs whose padding stays small; returns run sizes.
+
+    NOTE: one padded gather for every decode copies the longest context for each sequence;
+    with mixed lengths that was nearly twice the blocks needed. A run closes once the next
+    sequence needs more than 1.5x (+1) the blocks of the run's first.
+    """
+    sizes: list[int] = []
+    first = -1
+    for count in block_counts:
+        if not sizes or count > first * 1.5 + 1:
+            sizes.append(0)
+            first = count
+        sizes[-1] += 1
+    return sizes

@@ -1,0 +1,3 @@
+"""Text <-> token ids: the tokenizer with chat templates, the offline tokenizer builder, the
+streaming detokenizer.
+"""

@@ -1,0 +1,368 @@
+"""Running one claimed job on the local engine: deltas to whoever reads them, its result to Redis.
+
+Where the events of an attempt go is decided when it emits its first one
+(`gateway.dispatch.local_delivery`): to a handler on this replica in-process, to the job's Redis
+stream (batched per event-loop tick with every other job's), or nowhere (a bulk job nobody reads).
+
+The last event (END or ERROR) comes after `complete()`: the fenced complete decides whether
+this attempt's outcome counts, and a replica that lost its lease must not end a stream that
+the lease holder is still writing to. On the Redis route the complete script appends the last
+event itself (one round trip, atomic with the outcome); on the local route it is delivered
+once complete() said ok.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncGenerator, Callable
+from dataclasses import dataclass
+from functools import partial
+from typing import Any, cast
+
+import orjson
+import redis.asyncio as aioredis
+import redis.exceptions
+import structlog
+
+from engine.core.errors import EngineDeadError, RequestValidationError
+from engine.core.request import GenerationRequest, RequestMetrics, RequestOutput
+from engine.process.async_engine import AsyncEngine
+from gateway.dispatch.events import DispatchCounters, DispatchEvent, DispatchEventKind
+from gateway.dispatch.local_delivery import Listener, Route, is_watched
+from gateway.dispatch.notices import CANCELLED_EVENT
+from gateway.dispatch.retry import TRANSIENT_ERRORS, Backoff, retry_transient
+from gateway.dispatch.token_stream import DELTA, END, ERROR, StreamEvent, TokenStreams, event_json
+from gateway.queue import ClaimedJob, JobStatus, QueueStore
+from gateway.queue.payload import JobPayload
+from gateway.queue.redis_text import redis_text
+from policies.request_class import RequestClass
+
+log = structlog.get_logger("mixgate.dispatcher")
+
+
+@dataclass(slots=True, eq=False)
+class LocalJob:
+    """A job this replica holds a lease on, from its claim until its task ends."""
+
+    claimed: ClaimedJob
+    # A cancel message or flag named it: abort, then complete as cancelled.
+    cancel_requested: bool = False
+    # renew said stale: another replica holds the job now; abort and write nothing more.
+    fenced: bool = False
+    # Drain: aborted here, and the dispatcher returns the lease to the queue; write nothing.
+    handed_back: bool = False
+    # Generation is over and complete() is under way: no longer abortable, and a stale renew
+    # may just mean that our own complete() landed.
+    finishing: bool = False
+    # Where this attempt's events go (decided at its first event) and, when local, to whom.
+    route: Route | None = None
+    listener: Listener | None = None
+    # The parsed request, once run() read it.
+    payload: JobPayload | None = None
+    # Admitted straight into running here (`Dispatcher.admit_here`), not claimed from a queue.
+    started_here: bool = False
+
+    def __post_init__(self) -> None:
+        # Flagged before the claim (the claim script reads the flag): it raced the claim.
+        self.cancel_requested = self.cancel_requested or self.claimed.cancel_requested
+
+    @property
+    def job_id(self) -> str:
+        return self.claimed.job.job_id
+
+    @property
+    def token(self) -> int:
+        return self.claimed.lease_token
+
+    @property
+    def request_class(self) -> RequestClass:
+        return self.claimed.job.request_class
+
+    @property
+    def engine_request_id(self) -> str:
+        # NOTE: the lease token makes every attempt a distinct engine request: after a lost
+        # lease this replica may claim the same job again while the old attempt is still
+        # being aborted, and the engine refuses duplicate ids.
+        return f"{self.job_id}#{self.token}"
+
+    @property
+    def stopping(self) -> bool:
+        return self.cancel_requested or self.fenced or self.handed_back
+
+    @property
+    def abortable(self) -> bool:
+        return not self.finishing and not self.stopping
+
+
+@dataclass(frozen=True, slots=True)
+class _Outcome:
+    text: str
+    # The finishing delta, or None when the loop left early (cancel, lost lease, drain).
+    final: RequestOutput | None
+
+
+def timings_of(metrics: RequestMetrics | None) -> dict[str, Any]:
+    """The END event's timings (engine clock; arrival is the job's admission time)."""
+    if metrics is None:
+        return {}
+    return {
+        "queue_s": metrics.queue_delay_s,
+        "ttft_s": metrics.ttft_s,
+        "e2e_s": metrics.e2e_s,
+        "preemptions": metrics.num_preemptions,
+        "cached_prompt_tokens": metrics.num_cached_prompt_tokens,
+    }
+
+
+class JobRunner:
+    """Runs claimed jobs; shared by every job task of one dispatcher."""
+
+    def __init__(
+        self,
+        *,
+        store: QueueStore,
+        streams: TokenStreams,
+        engine: AsyncEngine,
+        redis: aioredis.Redis,
+        clock_ms: Callable[[], int],
+        engine_clock_s: Callable[[], float],
+        backoff: Backoff,
+        counters: DispatchCounters,
+    ) -> None:
+        self._store = store
+        self._streams = streams
+        self._engine = engine
+        self._redis = redis
+        self._clock_ms = clock_ms
+        self._engine_clock_s = engine_clock_s
+        self._backoff = backoff
+        self._counters = counters
+
+    async def run(self, local: LocalJob) -> None:
+        """Run the job to a written outcome, or to nothing at all when the lease is not ours."""
+        try:
+            await self._run(local)
+        finally:
+            if local.listener is not None:
+                # Without a last event delivered (lease lost, drain) it reads the stream again.
+                local.listener.detach(local.token)
+
+    async def _run(self, local: LocalJob) -> None:
+        if local.cancel_requested:
+            await self._finish_cancelled(local)
+            return
+        try:
+            request = self._request(local)
+        except (KeyError, TypeError, ValueError) as error:
+            await self._fail(
+                local, 400, "invalid_request", f"the queued request is invalid: {error}"
+            )
+            return
+        if local.started_here:
+            # NOTE: decided now (after the payload is parsed, which the route reads), still in
+            # the task's first step, not at the first event: the handler that admitted the
+            # job registered its listener with no await since the start, and its stream
+            # reader (created later) must find the attempt attached, or it would issue one
+            # XREAD that can only time out.
+            self._route(local)
+        try:
+            outcome = await self._generate(local, request)
+        except RequestValidationError as error:
+            await self._fail(local, 400, error.code, str(error))
+            return
+        except redis.exceptions.RedisError:
+            # Not transient (those are retried): leave the lease to lapse, so reclaim retries
+            # the job, rather than record an engine failure that did not happen.
+            raise
+        except EngineDeadError:
+            # NOTE: the engine (process) died, the job did not fail: hand the lease back
+            # (fenced, zero length) so reclaim requeues it and it completes exactly once after
+            # a restart or on another replica; a chat that already streamed tokens gets its
+            # error event from reclaim, by its rule.
+            await self._hand_back(local)
+            return
+        except Exception as error:
+            log.exception("engine_failed", job_id=local.job_id)
+            await self._fail(local, 500, "engine_error", f"the engine failed: {error}")
+            return
+        await self._settle(local, outcome)
+
+    async def _hand_back(self, local: LocalJob) -> None:
+        local.handed_back = True
+        renew = partial(self._store.renew, local.job_id, local.token, self._clock_ms(), 0)
+        await retry_transient(renew, what="hand_back", backoff=self._backoff)
+        self._emit(local, DispatchEventKind.HANDED_BACK)
+
+    def _request(self, local: LocalJob) -> GenerationRequest:
+        job = local.claimed.job
+        # Engine-clock time of admission, so the queue wait in Redis counts in TTFT.
+        waited_s = max(0, self._clock_ms() - job.enqueue_ms) / 1000.0
+        payload = local.payload = JobPayload.from_json(job.request_json)
+        return payload.generation_request(
+            local.engine_request_id, job.request_class, arrival_s=self._engine_clock_s() - waited_s
+        )
+
+    async def _generate(self, local: LocalJob, request: GenerationRequest) -> _Outcome:
+        parts: list[str] = []
+        final: RequestOutput | None = None
+        mark_first = local.request_class is RequestClass.INTERACTIVE
+        marking: asyncio.Task[bool] | None = None
+        # generate() is an async generator; closing it early aborts the request in the engine
+        # (which frees its KV blocks), so close it explicitly rather than wait for GC.
+        deltas = cast(AsyncGenerator[RequestOutput, None], self._engine.generate(request))
+        try:
+            async for delta in deltas:
+                if local.stopping:
+                    break
+                if delta.new_token_ids or delta.new_text:
+                    parts.append(delta.new_text)
+                    data = {"text": delta.new_text, "token_ids": list(delta.new_token_ids)}
+                    route = await self._publish(local, DELTA, data)
+                    if mark_first and route is not Route.NOBODY:
+                        # After the publish, so the first token is not delayed by this write;
+                        # beside the next deltas, not before them, so neither is the second
+                        # (its round trip was in the second token's latency). Awaited below,
+                        # before any outcome is written.
+                        mark_first = False
+                        mark = partial(self._store.mark_tokens_sent, local.job_id)
+                        marking = asyncio.create_task(
+                            retry_transient(mark, what="mark_tokens_sent", backoff=self._backoff)
+                        )
+                if delta.finished:
+                    final = delta
+        finally:
+            await deltas.aclose()
+            if marking is not None:
+                await marking  # a failure raises here, as it did inside the loop
+        return _Outcome("".join(parts), final)
+
+    async def _settle(self, local: LocalJob, outcome: _Outcome) -> None:
+        if local.handed_back:
+            return
+        if local.fenced:
+            log.warning("lease_lost_during_run", job_id=local.job_id, token=local.token)
+            self._emit(local, DispatchEventKind.LEASE_LOST)
+            return
+        final = outcome.final
+        if final is not None and final.finish_reason != "abort":
+            # A cancel that arrived after the last token loses: the work is done.
+            await self._finish_completed(local, outcome.text, final)
+        elif local.cancel_requested:
+            await self._finish_cancelled(local)
+        else:
+            await self._fail(local, 500, "aborted", "the engine aborted the request")
+
+    async def _finish_completed(self, local: LocalJob, text: str, final: RequestOutput) -> None:
+        usage = {
+            "prompt_tokens": final.num_prompt_tokens,
+            "completion_tokens": final.num_output_tokens,
+            "total_tokens": final.num_prompt_tokens + final.num_output_tokens,
+        }
+        timings = timings_of(final.metrics)
+        reason = final.finish_reason
+        result = {"text": text, "finish_reason": reason, "usage": usage, "timings": timings}
+        end = {"finish_reason": reason, "usage": usage, "timings": timings}
+        if not await self._complete(
+            local, JobStatus.COMPLETED, orjson.dumps(result).decode(), None, END, end
+        ):
+            return
+        itls_s = final.metrics.itls_s if final.metrics is not None else []
+        self._emit(local, DispatchEventKind.COMPLETED, {**timings, "itls_s": itls_s})
+
+    async def _finish_cancelled(self, local: LocalJob) -> None:
+        if await self._complete(local, JobStatus.CANCELLED, None, None, ERROR, CANCELLED_EVENT):
+            self._emit(local, DispatchEventKind.CANCELLED)
+
+    async def _fail(self, local: LocalJob, status: int, code: str, message: str) -> None:
+        error = {"code": code, "message": message}
+        last = {"status": status, **error}
+        if await self._complete(
+            local, JobStatus.FAILED, None, orjson.dumps(error).decode(), ERROR, last
+        ):
+            self._emit(local, DispatchEventKind.FAILED)
+
+    async def _complete(
+        self,
+        local: LocalJob,
+        status: JobStatus,
+        result_json: str | None,
+        error_json: str | None,
+        last_kind: str,
+        last_data: dict[str, Any],
+    ) -> bool:
+        """The fenced write of the job's outcome, then its last event; False (logged) when the
+        lease is not ours (then nothing is written or delivered)."""
+        local.finishing = True
+        in_doubt = False
+        route = self._route(local)
+        on_stream = (last_kind, event_json(last_data)) if route is Route.REDIS else None
+
+        async def attempt() -> bool:
+            nonlocal in_doubt
+            try:
+                return await self._store.complete(
+                    local.job_id,
+                    local.token,
+                    status,
+                    result_json,
+                    error_json,
+                    self._clock_ms(),
+                    last_event=on_stream,
+                    stream_ttl_s=self._streams.ttl_s,
+                )
+            except TRANSIENT_ERRORS:
+                in_doubt = True
+                raise
+
+        ok = await retry_transient(attempt, what="complete", backoff=self._backoff)
+        if not ok and in_doubt:
+            # NOTE: an attempt lost in transit may have been applied, and then its retry reads
+            # 'stale'. The job hash tells: our status under our token means the write was ours.
+            ok = await self._landed(local, status)
+        if not ok:
+            log.warning("complete_refused_stale_lease", job_id=local.job_id, token=local.token)
+            self._emit(local, DispatchEventKind.LEASE_LOST)
+        elif local.listener is not None:
+            # NOTE: an in-doubt complete that landed wrote the stream's last event too (same
+            # script), so nothing is appended again here.
+            local.listener.deliver(StreamEvent(last_kind, last_data, ""))
+        return ok
+
+    async def _landed(self, local: LocalJob, status: JobStatus) -> bool:
+        key = self._store.keys.job(local.job_id)
+        read = partial(self._redis.hmget, key, ["status", "lease_token"])
+        found, token = await retry_transient(read, what="read_back", backoff=self._backoff)
+        return redis_text(found) == status.value and redis_text(token) == str(local.token)
+
+    def _route(self, local: LocalJob) -> Route:
+        """This attempt's route, decided once, at its first event (the latest moment, so that
+        a handler on this replica has had every chance to register)."""
+        if local.route is None:
+            local.route, local.listener = self._streams.local.route(
+                local.job_id, local.token, _watched(local)
+            )
+        return local.route
+
+    async def _publish(self, local: LocalJob, kind: str, data: dict[str, Any]) -> Route:
+        route = self._route(local)
+        if route is Route.LOCAL:
+            assert local.listener is not None
+            local.listener.deliver(StreamEvent(kind, data, ""))
+        elif route is Route.REDIS:
+            # Batched with every other job's events of this tick; retried inside.
+            await self._streams.batched.publish(local.job_id, kind, data)
+        return route
+
+    def _emit(
+        self, local: LocalJob, kind: DispatchEventKind, timings: dict[str, Any] | None = None
+    ) -> None:
+        self._counters.record(DispatchEvent(kind, local.request_class, local.job_id, timings))
+
+
+def _watched(local: LocalJob) -> bool:
+    """Whether a handler somewhere reads this job's events (chats mark their payload)."""
+    try:
+        payload = local.payload or JobPayload.from_json(local.claimed.job.request_json)
+    except (KeyError, TypeError, ValueError):
+        return True  # unreadable: run() fails it, and the reader (if any) must hear why
+    return is_watched(payload.extra, payload.stream)

@@ -1,0 +1,564 @@
+"""The OpenAPI 3.1 document served at /openapi.json.
+
+Request bodies come from the pydantic models, so the document cannot drift from what the
+gateway validates; responses are written out here, in the shapes the routes produce.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Mapping
+from typing import Any, Final
+
+from pydantic import BaseModel
+
+from gateway.batch.schemas import BatchCreateRequest
+from gateway.http.openapi_batch import BATCH_SCHEMAS, batch_paths
+from gateway.http.openapi_completions import (
+    COMPLETION_SCHEMAS,
+    VLLM_EXTENSIONS_POLICY,
+    completion_paths,
+)
+from gateway.http.schemas_chat import ChatCompletionRequest
+from gateway.http.schemas_completions import CompletionRequest
+from gateway.http.schemas_jobs import JobCreateRequest
+from policies.classify import CLASS_HEADER
+
+__all__ = ["DOCUMENTED_OPERATIONS", "build_openapi", "hoist_defs"]
+
+_SCHEMAS: Final = "#/components/schemas/"
+_RESPONSES: Final = "#/components/responses/"
+
+_DESCRIPTION: Final = (
+    "OpenAI-compatible gateway serving interactive chat (SSE) and bulk jobs (REST) from one "
+    'engine. Errors are `{"error": {"message", "type", "code", "param"}}`; a 429 '
+    "carries `Retry-After` (seconds), and a 405 an `Allow` header naming the path's methods. "
+    "Every operation that needs an API key may answer 429 when the key's rate limit is spent. "
+    + VLLM_EXTENSIONS_POLICY
+)
+
+
+def _ref(name: str) -> dict[str, str]:
+    return {"$ref": _SCHEMAS + name}
+
+
+def _rewrite_refs(node: Any) -> Any:
+    if isinstance(node, dict):
+        return {
+            key: (
+                _SCHEMAS + value.removeprefix("#/$defs/")
+                if key == "$ref" and isinstance(value, str) and value.startswith("#/$defs/")
+                else _rewrite_refs(value)
+            )
+            for key, value in node.items()
+        }
+    if isinstance(node, list):
+        return [_rewrite_refs(item) for item in node]
+    return node
+
+
+def hoist_defs(schema: Mapping[str, Any], components: dict[str, Any]) -> dict[str, Any]:
+    """``schema`` without its ``$defs``: they move into ``components`` (OpenAPI's
+    ``components/schemas``) and every ``#/$defs/X`` ref becomes ``#/components/schemas/X``.
+
+    Two models may share a definition (both request bodies use ChatMessage); a name defined
+    twice must be defined the same way, or the document would silently describe one of them
+    wrongly.
+    """
+    body = dict(copy.deepcopy(schema))
+    for name, definition in body.pop("$defs", {}).items():
+        hoisted = _rewrite_refs(definition)
+        if name in components and components[name] != hoisted:
+            raise ValueError(f"two different schemas are both named {name!r}")
+        components[name] = hoisted
+    result: dict[str, Any] = _rewrite_refs(body)
+    return result
+
+
+def _model_schema(model: type[BaseModel], components: dict[str, Any]) -> None:
+    components[model.__name__] = hoist_defs(model.model_json_schema(), components)
+
+
+# ---- hand-written schemas for what the routes return ----------------------------------------
+
+_NULLABLE_STRING: Final = {"type": ["string", "null"]}
+_NULLABLE_UNIX_S: Final = {"type": ["number", "null"], "description": "Unix seconds."}
+
+_RESPONSE_SCHEMAS: Final[Mapping[str, Any]] = {
+    "ErrorObject": {
+        "type": "object",
+        "required": ["message", "type", "code", "param"],
+        "properties": {
+            "message": {"type": "string"},
+            "type": {
+                "type": "string",
+                "examples": ["invalid_request_error", "authentication_error", "rate_limit_error"],
+            },
+            "code": _NULLABLE_STRING,
+            "param": {**_NULLABLE_STRING, "description": "The field path or header at fault."},
+        },
+    },
+    "Error": {
+        "type": "object",
+        "required": ["error"],
+        "properties": {"error": _ref("ErrorObject")},
+    },
+    "Usage": {
+        "type": "object",
+        "required": ["prompt_tokens", "completion_tokens", "total_tokens"],
+        "properties": {
+            "prompt_tokens": {"type": "integer"},
+            "completion_tokens": {"type": "integer"},
+            "total_tokens": {"type": "integer"},
+        },
+    },
+    "ChatCompletion": {
+        "type": "object",
+        "required": ["id", "object", "created", "model", "choices", "usage"],
+        "properties": {
+            "id": {"type": "string"},
+            "object": {"const": "chat.completion"},
+            "created": {"type": "integer", "description": "Unix seconds."},
+            "model": {"type": "string"},
+            "choices": {
+                "type": "array",
+                "items": {
+                    "type": "object",
+                    "required": ["index", "message", "logprobs", "finish_reason"],
+                    "properties": {
+                        "index": {"type": "integer"},
+                        "message": {
+                            "type": "object",
+                            "required": ["role", "content", "refusal"],
+                            "properties": {
+                                "role": {"const": "assistant"},
+                                "content": _NULLABLE_STRING,
+                                "refusal": {"type": "null"},
+                            },
+                        },
+                        "logprobs": {"type": "null"},
+                        "finish_reason": {"type": "string", "enum": ["stop", "length"]},
+                    },
+                },
+            },
+            "usage": _ref("Usage"),
+            "service_tier": _NULLABLE_STRING,
+            "system_fingerprint": _NULLABLE_STRING,
+        },
+    },
+    "ChatCompletionChunk": {
+        "type": "object",
+        "description": "One SSE frame of a streamed completion: `data: {chunk}`.",
+        "required": ["id", "object", "created", "model", "choices"],
+        "properties": {
+            "id": {"type": "string"},
+            "object": {"const": "chat.completion.chunk"},
+            "created": {"type": "integer", "description": "Unix seconds."},
+            "model": {"type": "string"},
+            "choices": {
+                "type": "array",
+                "description": "One choice; empty in the final usage chunk.",
+                "items": {
+                    "type": "object",
+                    "required": ["index", "delta", "logprobs", "finish_reason"],
+                    "properties": {
+                        "index": {"type": "integer"},
+                        "delta": {
+                            "type": "object",
+                            "properties": {
+                                "role": {"const": "assistant"},
+                                "content": {"type": "string"},
+                            },
+                        },
+                        "logprobs": {"type": "null"},
+                        "finish_reason": {
+                            "type": ["string", "null"],
+                            "enum": ["stop", "length", None],
+                        },
+                    },
+                },
+            },
+            "usage": {"anyOf": [_ref("Usage"), {"type": "null"}]},
+            "service_tier": _NULLABLE_STRING,
+            "system_fingerprint": _NULLABLE_STRING,
+        },
+    },
+    # NOTE: written to match routes_jobs.job_object: times are float Unix seconds (ms / 1000)
+    # and the finished completion is under "response".
+    "Job": {
+        "type": "object",
+        "required": ["id", "object", "status", "class", "created_at"],
+        "properties": {
+            "id": {"type": "string"},
+            "object": {"const": "job"},
+            "status": {
+                "type": "string",
+                "enum": ["queued", "running", "completed", "failed", "cancelled", "expired"],
+            },
+            "class": {"type": "string", "enum": ["interactive", "bulk"]},
+            "model": {"type": "string"},
+            "custom_id": _NULLABLE_STRING,
+            "metadata": {"type": "object", "additionalProperties": {"type": "string"}},
+            "created_at": {"type": "number", "description": "Unix seconds."},
+            "deadline_at": _NULLABLE_UNIX_S,
+            "started_at": _NULLABLE_UNIX_S,
+            "finished_at": _NULLABLE_UNIX_S,
+            "attempts": {"type": "integer", "minimum": 0},
+            "response": {
+                "description": "The chat.completion, once the job has completed.",
+                "anyOf": [_ref("ChatCompletion"), {"type": "null"}],
+            },
+            "timings": {
+                "description": "Where the job's time went, once it has completed.",
+                "type": ["object", "null"],
+            },
+            "error": {
+                "description": "Why the job failed.",
+                "anyOf": [_ref("JobError"), {"type": "null"}],
+            },
+            "cancel": {
+                "description": "DELETE only: `cancelled`, `cancelling` (it was running and "
+                "stops shortly), or the terminal status it already had.",
+                "type": "string",
+            },
+        },
+    },
+    "JobError": {
+        "type": "object",
+        "required": ["code", "message"],
+        "properties": {"code": {"type": "string"}, "message": {"type": "string"}},
+    },
+    "JobList": {
+        "type": "object",
+        "required": ["object", "data", "has_more"],
+        "properties": {
+            "object": {"const": "list"},
+            "data": {"type": "array", "items": _ref("Job")},
+            "first_id": _NULLABLE_STRING,
+            "last_id": _NULLABLE_STRING,
+            "has_more": {"type": "boolean"},
+        },
+    },
+    "Model": {
+        "type": "object",
+        "required": ["id", "object", "created", "owned_by"],
+        "properties": {
+            "id": {"type": "string"},
+            "object": {"const": "model"},
+            "created": {"type": "integer", "description": "Unix seconds."},
+            "owned_by": {"type": "string"},
+        },
+    },
+    "ModelList": {
+        "type": "object",
+        "required": ["object", "data"],
+        "properties": {
+            "object": {"const": "list"},
+            "data": {"type": "array", "items": _ref("Model")},
+        },
+    },
+    "Envelope": {
+        "type": "object",
+        "description": "The operating envelope in force: limits derived from load sweeps.",
+        "additionalProperties": True,
+    },
+    "Readiness": {
+        "type": "object",
+        "required": ["ready"],
+        "properties": {
+            "ready": {"type": "boolean"},
+            "reasons": {"type": "array", "items": {"type": "string"}},
+        },
+    },
+    "Status": {
+        "type": "object",
+        "required": ["status"],
+        "properties": {"status": {"type": "string"}},
+        "additionalProperties": True,
+    },
+}
+
+_ERROR_CONTENT: Final = {"application/json": {"schema": _ref("Error")}}
+_RETRY_AFTER: Final = {"$ref": "#/components/headers/RetryAfter"}
+
+_ERROR_RESPONSES: Final[Mapping[str, Any]] = {
+    "BadRequest": {
+        "description": "Invalid request (`param` names the field).",
+        "content": _ERROR_CONTENT,
+    },
+    "Unauthorized": {"description": "Missing or invalid API key.", "content": _ERROR_CONTENT},
+    "Forbidden": {"description": "The key may not use this class.", "content": _ERROR_CONTENT},
+    "NotFound": {"description": "Unknown, or another tenant's.", "content": _ERROR_CONTENT},
+    "RequestTimeout": {
+        "description": "The body did not arrive within the read timeout.",
+        "content": _ERROR_CONTENT,
+    },
+    "PayloadTooLarge": {"description": "Body or prompt too long.", "content": _ERROR_CONTENT},
+    "TooManyRequests": {
+        "description": "Rate limit, full class queue, or a deadline that cannot be met.",
+        "headers": {"Retry-After": _RETRY_AFTER},
+        "content": _ERROR_CONTENT,
+    },
+    "ServiceUnavailable": {
+        "description": "Not ready, draining, or the queue store is down.",
+        "content": _ERROR_CONTENT,
+    },
+}
+
+_STATUS_RESPONSE_NAMES: Final[Mapping[str, str]] = {
+    "400": "BadRequest",
+    "401": "Unauthorized",
+    "403": "Forbidden",
+    "404": "NotFound",
+    "408": "RequestTimeout",
+    "413": "PayloadTooLarge",
+    "429": "TooManyRequests",
+    "503": "ServiceUnavailable",
+}
+
+# ---- operations -----------------------------------------------------------------------------
+
+
+def _errors(*statuses: str) -> dict[str, Any]:
+    return {status: {"$ref": _RESPONSES + _STATUS_RESPONSE_NAMES[status]} for status in statuses}
+
+
+def _json(description: str, schema_name: str) -> dict[str, Any]:
+    return {
+        "description": description,
+        "content": {"application/json": {"schema": _ref(schema_name)}},
+    }
+
+
+_CLASS_HEADER_PARAM: Final = {
+    "name": CLASS_HEADER,
+    "in": "header",
+    "required": False,
+    "description": "Run the request in this class (overrides the endpoint default and "
+    "`service_tier`); the key must allow it.",
+    "schema": {"type": "string", "enum": ["interactive", "bulk"]},
+}
+_JOB_ID_PARAM: Final = {
+    "name": "job_id",
+    "in": "path",
+    "required": True,
+    "schema": {"type": "string"},
+}
+_LIST_PARAMS: Final = [
+    {
+        "name": "limit",
+        "in": "query",
+        "required": False,
+        "schema": {"type": "integer", "minimum": 1, "maximum": 100, "default": 20},
+    },
+    {
+        "name": "after",
+        "in": "query",
+        "required": False,
+        "description": "A job id: list the jobs after it (the previous page's `last_id`).",
+        "schema": {"type": "string"},
+    },
+]
+_PUBLIC: Final[list[Any]] = []  # `security: []`: no API key needed
+# 404: an unknown model; 408: a body that arrives too slowly (settings.body_read_timeout_s).
+_SUBMIT_ERRORS: Final = ("400", "401", "403", "404", "408", "413", "429", "503")
+
+
+def _paths() -> dict[str, Any]:
+    sse = (
+        "With `stream: true`: frames `data: {ChatCompletionChunk}\\n\\n`, "
+        "then `data: [DONE]\\n\\n`."
+    )
+    return {
+        "/v1/chat/completions": {
+            "post": {
+                "operationId": "createChatCompletion",
+                "summary": "Chat completion (interactive unless service_tier or the header say so)",
+                "parameters": [_CLASS_HEADER_PARAM],
+                "requestBody": {
+                    "required": True,
+                    "content": {"application/json": {"schema": _ref("ChatCompletionRequest")}},
+                },
+                "responses": {
+                    "200": {
+                        "description": "The completion, or its stream.",
+                        "content": {
+                            "application/json": {"schema": _ref("ChatCompletion")},
+                            "text/event-stream": {"schema": {"type": "string", "description": sse}},
+                        },
+                    },
+                    **_errors(*_SUBMIT_ERRORS),
+                },
+            }
+        },
+        "/v1/models": {
+            "get": {
+                "operationId": "listModels",
+                "summary": "The models this gateway serves",
+                "responses": {"200": _json("The models.", "ModelList"), **_errors("401", "429")},
+            }
+        },
+        "/v1/jobs": {
+            "post": {
+                "operationId": "createJob",
+                "summary": "Submit a bulk job (accepted once it is durable in the queue)",
+                "parameters": [_CLASS_HEADER_PARAM],
+                "requestBody": {
+                    "required": True,
+                    "content": {"application/json": {"schema": _ref("JobCreateRequest")}},
+                },
+                "responses": {
+                    "202": {
+                        **_json("Queued.", "Job"),
+                        "headers": {
+                            "Location": {
+                                "description": "The job's URL: /v1/jobs/{job_id}.",
+                                "schema": {"type": "string"},
+                            }
+                        },
+                    },
+                    **_errors(*_SUBMIT_ERRORS),
+                },
+            },
+            "get": {
+                "operationId": "listJobs",
+                "summary": "This tenant's jobs, a page at a time",
+                "parameters": _LIST_PARAMS,
+                "responses": {
+                    "200": _json("The jobs.", "JobList"),
+                    **_errors("400", "401", "429", "503"),
+                },
+            },
+        },
+        "/v1/jobs/{job_id}": {
+            "parameters": [_JOB_ID_PARAM],
+            "get": {
+                "operationId": "getJob",
+                "summary": "A job's status, and its result once completed",
+                "responses": {
+                    "200": _json("The job.", "Job"),
+                    **_errors("401", "404", "429", "503"),
+                },
+            },
+            "delete": {
+                "operationId": "cancelJob",
+                "summary": "Cancel a job (`cancel` in the reply says what happened)",
+                "responses": {
+                    "200": _json("The job.", "Job"),
+                    **_errors("401", "404", "429", "503"),
+                },
+            },
+        },
+        "/v1/envelope": {
+            "get": {
+                "operationId": "getEnvelope",
+                "summary": "The operating envelope in force",
+                "security": _PUBLIC,
+                "responses": {"200": _json("The envelope.", "Envelope")},
+            }
+        },
+        "/health": {
+            "get": {
+                "operationId": "health",
+                "summary": "Liveness as vLLM answers it: 200 with an empty body",
+                "security": _PUBLIC,
+                "responses": {"200": {"description": "Alive (no body)."}},
+            }
+        },
+        "/healthz": {
+            "get": {
+                "operationId": "healthz",
+                "summary": "Liveness: the process serves HTTP",
+                "security": _PUBLIC,
+                "responses": {"200": _json("Alive.", "Status")},
+            }
+        },
+        "/readyz": {
+            "get": {
+                "operationId": "readyz",
+                "summary": "Readiness: engine loaded, queue store reachable, not draining",
+                "security": _PUBLIC,
+                "responses": {
+                    "200": _json("Ready.", "Readiness"),
+                    "503": _json("Not ready, with the reasons.", "Readiness"),
+                },
+            }
+        },
+        "/metrics": {
+            "get": {
+                "operationId": "metrics",
+                "summary": "Prometheus metrics (a `class` label wherever it applies)",
+                "security": _PUBLIC,
+                "responses": {
+                    "200": {
+                        "description": "Prometheus text exposition format.",
+                        "content": {"text/plain": {"schema": {"type": "string"}}},
+                    }
+                },
+            }
+        },
+        "/openapi.json": {
+            "get": {
+                "operationId": "openapi",
+                "summary": "This document",
+                "security": _PUBLIC,
+                "responses": {
+                    "200": {
+                        "description": "OpenAPI 3.1.",
+                        "content": {"application/json": {"schema": {"type": "object"}}},
+                    }
+                },
+            }
+        },
+    }
+
+
+def _all_paths() -> dict[str, Any]:
+    completions = completion_paths([_CLASS_HEADER_PARAM], _errors(*_SUBMIT_ERRORS))
+    return {**_paths(), **completions, **batch_paths()}
+
+
+_METHODS: Final = frozenset({"get", "put", "post", "delete", "options", "head", "patch", "trace"})
+
+# (METHOD, path) of every documented operation, so an app test can check that each of its
+# routes is documented and each documented route exists.
+DOCUMENTED_OPERATIONS: Final = frozenset(
+    (method.upper(), path)
+    for path, item in _all_paths().items()
+    for method in item
+    if method in _METHODS
+)
+
+
+def build_openapi(
+    description: str | None = None, *, title: str = "mixgate", version: str = "0.1.0"
+) -> dict[str, Any]:
+    """The whole document; build it once at startup and serve the same dict."""
+    schemas: dict[str, Any] = {}
+    _model_schema(ChatCompletionRequest, schemas)
+    _model_schema(CompletionRequest, schemas)
+    _model_schema(JobCreateRequest, schemas)
+    _model_schema(BatchCreateRequest, schemas)
+    for name, schema in {**_RESPONSE_SCHEMAS, **COMPLETION_SCHEMAS, **BATCH_SCHEMAS}.items():
+        if name in schemas:  # pragma: no cover - a programming error caught by the tests
+            raise ValueError(f"schema name {name!r} is used twice")
+        schemas[name] = copy.deepcopy(schema)
+    return {
+        "openapi": "3.1.0",
+        "info": {"title": title, "version": version, "description": description or _DESCRIPTION},
+        "security": [{"bearerAuth": []}],
+        "paths": _all_paths(),
+        "components": {
+            "schemas": schemas,
+            "responses": copy.deepcopy(dict(_ERROR_RESPONSES)),
+            "headers": {
+                "RetryAfter": {
+                    "description": "Seconds to wait before retrying (an integer).",
+                    "schema": {"type": "integer", "minimum": 1},
+                }
+            },
+            "securitySchemes": {
+                "bearerAuth": {"type": "http", "scheme": "bearer", "description": "An API key."}
+            },
+        },
+    }

@@ -1,0 +1,3 @@
+"""The service process: settings, `mixgate serve`, the engine's bring-up, the embedded redis-
+server, Redis health.
+"""

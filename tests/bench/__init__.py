@@ -1,0 +1,1 @@
+"""Tests of bench/: the benchmark commands on tiny models and recorded runs."""

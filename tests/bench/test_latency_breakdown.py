@@ -1,0 +1,144 @@
+"""`mixgate bench breakdown`: a few seconds on the tiny preset against a real redis-server and
+a real `mixgate serve`; the JSON's structure, and parts that add up to their totals. No speed
+verdicts: the numbers themselves depend on this machine."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from bench.gateway.breakdown_shares import ChatTimes, RunCounters, breakdown, split_total
+from mixgate.cli import main
+
+TINY_WORKLOAD = """
+name = "tiny-chat-over-backlog"
+description = "a few seconds of chat over a small bulk backlog"
+duration_s = 3
+seed = 5
+
+[interactive]
+arrival = { kind = "poisson", rate_per_s = 3.0 }
+prompt_tokens = { kind = "uniform", min = 24, max = 48 }
+output_tokens = { kind = "fixed", value = 6 }
+
+[bulk]
+arrival = { kind = "backlog", count = 4 }
+prompt_tokens = { kind = "uniform", min = 48, max = 96 }
+output_tokens = { kind = "fixed", value = 8 }
+"""
+
+
+def _adds_up(block: dict[str, object]) -> None:
+    total = block["total"]
+    parts = block["parts"]
+    shares = block["shares"]
+    assert isinstance(total, float) and isinstance(parts, dict) and isinstance(shares, dict)
+    assert all(v >= 0 for v in parts.values())
+    assert sum(parts.values()) == pytest.approx(total, rel=1e-9, abs=1e-12)
+    assert sum(shares.values()) == pytest.approx(1.0, abs=1e-9)
+
+
+@pytest.mark.redis
+def test_breakdown_writes_parts_that_add_up(
+    tiny_model_dir: Path, redis_server: str, tmp_path: Path
+) -> None:
+    workload = tmp_path / "tiny.toml"
+    workload.write_text(TINY_WORKLOAD)
+    out = tmp_path / "out"
+    code = main(
+        [
+            "bench",
+            "breakdown",
+            "--workload",
+            str(workload),
+            "--out",
+            str(out),
+            "--model",
+            str(tiny_model_dir),
+            "--redis-url",
+            redis_server,
+            "--threads",
+            "1",
+            "--drain-s",
+            "20",
+        ]
+    )
+    assert code == 0
+    report = json.loads((out / "breakdown.json").read_text())
+    assert report["chats"] > 0
+    assert report["chats_with_server_timings"] == report["chats"]
+    _adds_up(report["ttft_s"])
+    assert set(report["ttft_s"]["parts"]) == {
+        "queueing",
+        "engine",
+        "redis",
+        "event_loop_lag",
+        "other_gateway",
+    }
+    _adds_up(report["itl_s"])
+    assert set(report["itl_s"]["parts"]) == {
+        "engine_step",
+        "redis",
+        "event_loop_lag",
+        "other_gateway",
+    }
+    # The server counters moved over the run: Redis commands, loop-lag probes, engine steps
+    # with both classes' tokens in them.
+    assert report["redis"]["calls"] > 0 and report["redis"]["by_command"]
+    assert report["event_loop"]["probes"] > 0
+    engine = report["engine"]
+    assert engine["steps"] > 0
+    assert {"interactive/prefill", "bulk/prefill"} <= set(engine["by_class_kind"])
+    shares = [b["time_share"] for b in engine["by_class_kind"].values()]
+    assert sum(shares) == pytest.approx(1.0, abs=1e-6)
+    # Admission's prediction came back for every admitted chat and job.
+    predicted = report["predicted_vs_measured_ttft"]
+    assert predicted["interactive"]["count"] == report["chats"]
+    assert predicted["bulk"]["count"] > 0
+    assert predicted["interactive"]["predicted_mean_s"] > 0
+    assert (out / "run" / "requests.jsonl").is_file()
+
+
+def _counters(**overrides: object) -> RunCounters:
+    values: dict[str, object] = {
+        "duration_s": 10.0,
+        "requests": 4,
+        "redis_by_command": {"xadd": (100, 2_000.0), "evalsha": (100, 8_000.0)},
+        "loop_lag_sum_s": 0.5,
+        "loop_lag_count": 100,
+        "engine_steps": 50,
+        "engine_step_s": 5.0,
+        "engine_by_class_kind": {("interactive", "decode"): (60.0, 1.0)},
+    }
+    values.update(overrides)
+    return RunCounters(**values)  # type: ignore[arg-type]
+
+
+def test_ttft_parts_worked_by_hand() -> None:
+    # One chat: client TTFT 0.5 s; server TTFT 0.3 s of which 0.1 s queueing. The 0.2 s left:
+    # Redis 8000 µs of non-stream commands over 4 requests (2 ms) + 2000 µs of XADD over the
+    # chat's 3 deltas (0.667 ms); loop lag 2 x 5 ms = 10 ms; the rest other_gateway.
+    chat = ChatTimes(0.5, (0.2, 0.2), server_ttft_s=0.3, server_queue_s=0.1, predicted_ttft_s=0.4)
+    report = breakdown([chat], _counters())
+    parts = report["ttft_s"]["parts"]
+    assert parts["queueing"] == pytest.approx(0.1)
+    assert parts["engine"] == pytest.approx(0.2)
+    assert parts["redis"] == pytest.approx(0.002 + 0.002 / 3)
+    assert parts["event_loop_lag"] == pytest.approx(0.01)
+    assert parts["other_gateway"] == pytest.approx(0.2 - 0.01 - 0.002 - 0.002 / 3)
+    # ITL 0.2 s: the mean step (0.1 s), a delta's XADD share, lag 10 ms, the rest.
+    itl = report["itl_s"]["parts"]
+    assert itl["engine_step"] == pytest.approx(0.1)
+    assert itl["redis"] == pytest.approx(0.002 / 3)
+    assert itl["other_gateway"] == pytest.approx(0.2 - 0.1 - 0.002 / 3 - 0.01)
+    pairs = report["predicted_vs_measured_ttft"]["interactive"]
+    assert (pairs["count"], pairs["under_predicted"]) == (1, 0)
+    assert report["redis"]["calls_per_request"] == pytest.approx(50.0)
+
+
+def test_named_parts_larger_than_the_total_are_scaled_down_to_it() -> None:
+    parts = split_total(0.01, {"a": 0.02, "b": 0.02})
+    assert parts == pytest.approx({"a": 0.005, "b": 0.005, "other_gateway": 0.0})
+    assert sum(split_total(1.0, {"a": 0.25}).values()) == pytest.approx(1.0)

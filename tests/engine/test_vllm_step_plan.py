@@ -1,0 +1,130 @@
+"""The class-aware step composition handed to vLLM's scheduler (pure: runs without vLLM)."""
+
+from __future__ import annotations
+
+import pytest
+
+from engine.backends.vllm.args import engine_kwargs
+from engine.backends.vllm.step_plan import StepKnobs, WorkItem, compose_step
+from engine.core.config import EngineConfig
+from policies.request_class import RequestClass
+
+INTER, BULK = RequestClass.INTERACTIVE, RequestClass.BULK
+KNOBS = StepKnobs(
+    step_token_budget=256,
+    prefill_chunk_tokens=32,
+    bulk_prefill_chunk_tokens=32,
+    bulk_min_share=0.25,
+    bulk_aging_s=5.0,
+)
+
+
+def item(key: int, cls: RequestClass, remaining: int, age_s: float = 0.0) -> WorkItem:
+    return WorkItem(key, cls, remaining, age_s)
+
+
+def test_interactive_decodes_are_walked_first_and_never_held_back() -> None:
+    running = [
+        item(0, BULK, 500),
+        item(1, BULK, 1),
+        item(2, INTER, 1),
+        item(3, INTER, 200),
+        item(4, INTER, 1),
+    ]
+    plan = compose_step(running, [], KNOBS)
+    assert plan.running_order[:2] == (2, 4)
+    assert plan.running_order[2] == 1
+    assert {2, 4, 1} <= set(plan.running_order)
+    assert not plan.held_back & {1, 2, 4}
+
+
+def test_bulk_prefill_is_capped_per_step_while_a_chat_decodes() -> None:
+    running = [item(k, BULK, 600) for k in range(5)] + [item(9, INTER, 1)]
+    plan = compose_step(running, [], KNOBS)
+    # One bulk chunk of 32 tokens beside the chat's decode: the others sit the step out.
+    assert plan.bulk_prefill_tokens == 32
+    assert plan.token_budget == 1 + 32
+    assert len(plan.held_back) == 4
+    assert plan.running_order == (9, 0)
+
+
+def test_bulk_prefill_takes_the_whole_budget_with_no_interactive_request_in_the_engine() -> None:
+    # 10 running bulk prefills and 3 bulk decodes; 50 more bulk requests wait.
+    running = [item(k, BULK, 600) for k in range(10)] + [item(10 + k, BULK, 1) for k in range(3)]
+    waiting = [item(100 + k, BULK, 900) for k in range(50)]
+    plan = compose_step(running, waiting, KNOBS)
+    # Work-conserving, as plain vLLM: the budget's 256 tokens all go to work (3 decodes and
+    # 253 prefill tokens), in whole 32-token chunks but the last, not one chunk per step.
+    assert plan.token_budget == KNOBS.step_token_budget
+    assert plan.bulk_prefill_tokens == KNOBS.step_token_budget - 3
+    assert plan.running_order[:3] == (10, 11, 12)
+    assert len(plan.running_order) == 3 + 8
+    assert len(plan.held_back) == 2
+
+
+@pytest.mark.parametrize("waiting_bulk", [0, 1, 50, 400])
+def test_a_chat_arriving_behind_many_bulk_requests_is_prefilled_in_the_next_step(
+    waiting_bulk: int,
+) -> None:
+    # The engine is full of bulk work: 20 decodes, 8 running prefills, more waiting.
+    running = [item(k, BULK, 1) for k in range(20)] + [item(20 + k, BULK, 700) for k in range(8)]
+    waiting = [item(100 + k, BULK, 900, age_s=1.0) for k in range(waiting_bulk)]
+    chat = item(999, INTER, 150)
+    plan = compose_step(running, [*waiting, chat], KNOBS)
+    # vLLM walks `running` first, then admits the waiting queue by priority (the chat first):
+    # what running requests can take this step must leave the chat its whole first chunk.
+    running_tokens = 20 + KNOBS.prefill_chunk_tokens * sum(
+        1 for key in plan.running_order if key >= 20
+    )
+    assert plan.interactive_prefill_tokens == KNOBS.prefill_chunk_tokens
+    assert plan.token_budget - running_tokens >= KNOBS.prefill_chunk_tokens
+    # And the bulk cap holds while the chat is there.
+    assert plan.bulk_prefill_tokens <= KNOBS.bulk_prefill_chunk_tokens
+
+
+def test_interactive_prefill_takes_the_budget_before_fresh_bulk() -> None:
+    running = [item(0, BULK, 600), item(1, INTER, 300)]
+    plan = compose_step(running, [], KNOBS)
+    assert plan.interactive_prefill_tokens == 32  # one interactive chunk (its whole demand)
+    assert plan.running_order[0] == 1
+    assert plan.token_budget <= KNOBS.step_token_budget
+
+
+def test_a_waiting_interactive_prompt_holds_back_partial_bulk_chunks() -> None:
+    knobs = StepKnobs(64, 32, 48, 0.25, 5.0)
+    running = [item(0, BULK, 600), item(1, BULK, 600)]
+    waiting = [item(2, INTER, 100)]
+    plan = compose_step(running, waiting, knobs)
+    # 48 tokens of bulk allowance = one whole 32-token chunk; the waiting prompt gets the rest.
+    assert plan.running_order == (0,)
+    assert plan.held_back == frozenset({1})
+    assert plan.token_budget == 64
+
+
+def test_aged_bulk_is_guaranteed_its_min_share() -> None:
+    running = [item(0, BULK, 600, age_s=6.0)] + [item(k, INTER, 1) for k in range(1, 9)]
+    waiting = [item(20 + k, INTER, 200) for k in range(8)]
+    fresh = compose_step([item(0, BULK, 600, age_s=0.1)] + running[1:], waiting, KNOBS)
+    aged = compose_step(running, waiting, KNOBS)
+    assert aged.bulk_aged and not fresh.bulk_aged
+    assert fresh.bulk_prefill_tokens == 0
+    assert aged.bulk_prefill_tokens >= 32
+    assert aged.interactive_prefill_tokens < fresh.interactive_prefill_tokens
+
+
+@pytest.mark.parametrize("policy", ["mixgate", "priority", "fcfs"])
+def test_the_envelope_maps_onto_vllm_arguments(policy: str, tmp_path: object) -> None:
+    config = EngineConfig(
+        max_active_seqs=8,
+        step_token_budget=96,
+        bulk_prefill_chunk_tokens=24,
+        kv_cache_bytes=1 << 24,
+        scheduling_policy=policy,
+    )
+    kwargs = engine_kwargs(tmp_path, config, max_model_len=512)  # type: ignore[arg-type]
+    assert kwargs["max_num_seqs"] == 8
+    assert kwargs["max_num_batched_tokens"] == 96
+    assert kwargs["long_prefill_token_threshold"] == 24
+    assert kwargs["kv_cache_memory_bytes"] == 1 << 24
+    assert kwargs["scheduling_policy"] == ("fcfs" if policy == "fcfs" else "priority")
+    assert ("scheduler_cls" in kwargs) is (policy == "mixgate")

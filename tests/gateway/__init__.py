@@ -1,0 +1,1 @@
+"""Tests of gateway/: real redis-server and real `mixgate serve` processes where they run here."""
