@@ -24,6 +24,7 @@ COPY mixgate ./mixgate
 COPY engine ./engine
 COPY gateway ./gateway
 COPY policies ./policies
+COPY planning ./planning
 COPY bench ./bench
 RUN pip install . && rm -rf /src
 
