@@ -32,6 +32,7 @@ from engine.process.messages import (
     output_encoder,
 )
 from engine.process.parent_death import die_with_parent, parent_alive
+from engine.process.startup_heap import freeze_startup_heap
 
 # While idle, wake this often to check that the parent is still there (pdeathsig's backup).
 IDLE_POLL_MS = 1000
@@ -145,8 +146,9 @@ def main(argv: list[str] | None = None) -> int:
     try:
         engine = LLMEngine(args.model_dir, EngineConfig(**json.loads(args.config_json)))
         core = EngineCore(engine, inputs, outputs)
+        frozen = freeze_startup_heap()
         core.ready()
-        _log("engine_core_ready", "info", pid=os.getpid())
+        _log("engine_core_ready", "info", pid=os.getpid(), gc_frozen_objects=frozen)
         core.run()
     except Exception as error:  # noqa: BLE001 - the parent must hear why before we exit
         _log("engine_core_failed", "error", pid=os.getpid(), error=repr(error))

@@ -18,6 +18,7 @@ from starlette.applications import Starlette
 from starlette.middleware import Middleware
 from starlette.routing import Route
 
+from engine.process.startup_heap import freeze_startup_heap
 from gateway.admission.service import AdmissionService
 from gateway.batch.runtime import BatchRuntime
 from gateway.console import ConsoleLive, console_routes
@@ -280,8 +281,9 @@ async def _bring_up(state: GatewayState) -> None:
         on_finished=lambda cls, status, timings: _on_finished(state, cls, status, timings),
     )
     await state.dispatcher.start()
+    frozen = freeze_startup_heap()
     state.engine_ready = True
-    log.info("ready", model=state.model_name, replica=settings.replica_id)
+    log.info("ready", model=state.model_name, replica=settings.replica_id, gc_frozen=frozen)
     wait_dead = getattr(state.engine, "wait_dead", None)
     if wait_dead is not None:
         await _on_engine_death(state, wait_dead)
