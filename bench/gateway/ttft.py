@@ -2,19 +2,25 @@
 `mixgate bench gateway`.
 
 The two run one after the other (the server is stopped before the engine loads), never side by
-side, so they share no CPU but see different noise.
+side, so they share no CPU but see different noise. The server is timed twice: with a raw
+HTTP/1.1 client on one keep-alive socket (`RawSseClient`: what the gateway adds, with the least
+client work in the way) and with httpx (what a Python client sees, its own request building and
+SSE parsing included), taking turns (`gateway_ttft_ms`).
 """
 
 from __future__ import annotations
 
 import json
+import socket
 import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 import httpx
+import orjson
 
 from bench.live.processes import ServerProcess
 from engine.core.config import EngineConfig
@@ -85,16 +91,27 @@ def served_model(client: httpx.Client) -> str:
     return str(client.get("/v1/models").json()["data"][0]["id"])
 
 
-def gateway_ttft_ms(server_url: str, chats: int) -> list[float]:
-    """TTFT of each chat through a running `mixgate serve`; chats with no content are left out."""
+def gateway_ttft_ms(server_url: str, chats: int) -> tuple[list[float], list[float]]:
+    """TTFT of each chat through a running `mixgate serve`, (raw client, httpx): the two clients
+    take turns chat by chat, so they see the same server and the same noise. Chats with no
+    content are left out."""
     with httpx.Client(base_url=server_url, timeout=60.0) as client:
         model = served_model(client)
-        out: list[float] = []
-        for index, messages in enumerate(prompts(WARMUP_CHATS) + prompts(chats)):
-            ttft = _one_chat_ttft_ms(client, chat_body(model, messages, MAX_TOKENS))
-            if index >= WARMUP_CHATS and ttft is not None:
-                out.append(ttft)
-        return out
+        raw = RawSseClient(server_url)
+        raw_ms: list[float] = []
+        httpx_ms: list[float] = []
+        try:
+            for index, messages in enumerate(prompts(WARMUP_CHATS) + prompts(chats)):
+                body = chat_body(model, messages, MAX_TOKENS)
+                for out, ttft in (
+                    (raw_ms, raw.chat_ttft_ms(body)),
+                    (httpx_ms, _one_chat_ttft_ms(client, body)),
+                ):
+                    if index >= WARMUP_CHATS and ttft is not None:
+                        out.append(ttft)
+        finally:
+            raw.close()
+        return raw_ms, httpx_ms
 
 
 def streamed_chat(server_url: str, max_tokens: int) -> None:
@@ -128,3 +145,84 @@ async def engine_ttft_ms(model_dir: Path, chats: int) -> list[float]:
     finally:
         await engine.stop()
     return out
+
+
+class RawSseClient:
+    """POST a streamed chat over one keep-alive socket and time its first content frame.
+
+    Just enough HTTP/1.1 for uvicorn's answer to a streamed chat: a status line, headers, a
+    chunked body of SSE frames. No pooling, no header objects, no per-line decoding: the time
+    between sending the request and reading its first content frame is the server's, plus a
+    loopback round trip.
+    """
+
+    def __init__(self, server_url: str) -> None:
+        parts = urlsplit(server_url)
+        self._host = parts.hostname or "127.0.0.1"
+        self._sock = socket.create_connection((self._host, parts.port or 80))
+        self._sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        self._buffer = b""
+
+    def close(self) -> None:
+        self._sock.close()
+
+    def _fill(self) -> None:
+        data = self._sock.recv(65536)
+        if not data:
+            raise RuntimeError("server closed the connection")
+        self._buffer += data
+
+    def _read_until(self, marker: bytes) -> bytes:
+        while marker not in self._buffer:
+            self._fill()
+        head, _, self._buffer = self._buffer.partition(marker)
+        return head
+
+    def _read_exact(self, size: int) -> bytes:
+        while len(self._buffer) < size:
+            self._fill()
+        data, self._buffer = self._buffer[:size], self._buffer[size:]
+        return data
+
+    def _chunks(self) -> Iterator[bytes]:
+        """The chunked body's chunks, to the terminating empty one."""
+        while True:
+            size = int(self._read_until(b"\r\n").split(b";")[0], 16)
+            if size == 0:
+                self._read_until(b"\r\n")
+                return
+            yield self._read_exact(size)
+            self._read_exact(2)
+
+    def chat_ttft_ms(self, body: dict[str, Any]) -> float | None:
+        payload = orjson.dumps(body)
+        request = (
+            b"POST /v1/chat/completions HTTP/1.1\r\nHost: "
+            + self._host.encode()
+            + b"\r\nContent-Type: application/json\r\nContent-Length: "
+            + str(len(payload)).encode()
+            + b"\r\n\r\n"
+            + payload
+        )
+        start = time.perf_counter()
+        self._sock.sendall(request)
+        status_and_headers = self._read_until(b"\r\n\r\n")
+        if not status_and_headers.startswith(b"HTTP/1.1 200"):
+            raise RuntimeError(f"chat failed: {status_and_headers[:200]!r}")
+        if b"chunked" not in status_and_headers.lower():
+            raise RuntimeError("expected a chunked SSE body")
+        ttft: float | None = None
+        pending = b""
+        for chunk in self._chunks():
+            if ttft is not None:
+                continue  # drained to the end so the next request starts on an idle server
+            pending += chunk
+            *frames, pending = pending.split(b"\n\n")
+            for frame in frames:
+                if not frame.startswith(b"data: {"):
+                    continue
+                choices = orjson.loads(frame[len(b"data: ") :]).get("choices", [])
+                if any(choice.get("delta", {}).get("content") for choice in choices):
+                    ttft = (time.perf_counter() - start) * 1000
+                    break
+        return ttft

@@ -15,6 +15,7 @@ PERCENTILE_FIELDS = (
     "admit_ms",
     "claim_ms",
     "ttft_gateway_ms",
+    "ttft_gateway_httpx_ms",
     "ttft_engine_ms",
     "gateway_added_ms",
 )
