@@ -29,14 +29,7 @@ PACKAGES = ("policies", "planning", "engine", "gateway", "bench", "mixgate")
 SERVING = ("policies", "engine", "gateway")
 
 # (importer, imported) module pairs that break a rule today, each with why and what ends it.
-EXCEPTIONS: dict[tuple[str, str], str] = {
-    ("gateway.dispatch.local_delivery", "gateway.dispatch.token_stream"): (
-        "cycle: token_stream builds the LocalDelivery registry and local_delivery needs "
-        "token_stream's StreamEvent and ERROR (imported under TYPE_CHECKING and inside a "
-        "function to dodge the cycle); ends when StreamEvent/ERROR move to a module of their "
-        "own that both import (the gateway/http reorganisation of issue 15)"
-    ),
-}
+EXCEPTIONS: dict[tuple[str, str], str] = {}
 
 
 @dataclass(frozen=True, slots=True)

@@ -9,6 +9,11 @@ this attempt's outcome counts, and a replica that lost its lease must not end a 
 the lease holder is still writing to. On the Redis route the complete script appends the last
 event itself (one round trip, atomic with the outcome); on the local route it is delivered
 once complete() said ok.
+
+A resumable stream whose client left (`Listener.abandon`) moves from the local route to the
+Redis one at the attempt's next event, or at its complete: the events delivered so far are
+appended under the ids they were sent with (`0-n`), and the later ones go on numbering, so a
+resume on any replica reads on from the client's `Last-Event-ID`.
 """
 
 from __future__ import annotations
@@ -31,7 +36,8 @@ from gateway.dispatch.events import DispatchCounters, DispatchEvent, DispatchEve
 from gateway.dispatch.local_delivery import Listener, Route, is_watched
 from gateway.dispatch.notices import CANCELLED_EVENT
 from gateway.dispatch.retry import TRANSIENT_ERRORS, Backoff, retry_transient
-from gateway.dispatch.token_stream import DELTA, END, ERROR, StreamEvent, TokenStreams, event_json
+from gateway.dispatch.stream_event import DELTA, END, ERROR, event_json, local_event_id
+from gateway.dispatch.token_stream import TokenStreams
 from gateway.queue import ClaimedJob, JobStatus, QueueStore
 from gateway.queue.payload import JobPayload
 from gateway.queue.redis_text import redis_text
@@ -61,6 +67,9 @@ class LocalJob:
     payload: JobPayload | None = None
     # Admitted straight into running here (`Dispatcher.admit_here`), not claimed from a queue.
     started_here: bool = False
+    # After a handover from the local route: the index of the next event's explicit id (the
+    # stream goes on numbering where the in-process ids stopped); None: Redis picks ids.
+    next_event_index: int | None = None
 
     def __post_init__(self) -> None:
         # Flagged before the claim (the claim script reads the flag): it raced the claim.
@@ -294,7 +303,7 @@ class JobRunner:
         lease is not ours (then nothing is written or delivered)."""
         local.finishing = True
         in_doubt = False
-        route = self._route(local)
+        route = await self._current_route(local)
         on_stream = (last_kind, event_json(last_data)) if route is Route.REDIS else None
 
         async def attempt() -> bool:
@@ -322,10 +331,14 @@ class JobRunner:
         if not ok:
             log.warning("complete_refused_stale_lease", job_id=local.job_id, token=local.token)
             self._emit(local, DispatchEventKind.LEASE_LOST)
+        elif local.listener is not None and local.listener.abandoned:
+            # Its resumable client left while complete() was in flight: the stream goes to
+            # Redis after all, its last event included, for a resume.
+            await self._hand_over_last(local, last_kind, last_data)
         elif local.listener is not None:
             # NOTE: an in-doubt complete that landed wrote the stream's last event too (same
             # script), so nothing is appended again here.
-            local.listener.deliver(StreamEvent(last_kind, last_data, ""))
+            local.listener.deliver_new(last_kind, last_data)
         return ok
 
     async def _landed(self, local: LocalJob, status: JobStatus) -> bool:
@@ -343,14 +356,46 @@ class JobRunner:
             )
         return local.route
 
-    async def _publish(self, local: LocalJob, kind: str, data: dict[str, Any]) -> Route:
+    async def _current_route(self, local: LocalJob) -> Route:
+        """The attempt's route now: LOCAL turns REDIS once its resumable client has left."""
         route = self._route(local)
+        if route is Route.LOCAL and local.listener is not None and local.listener.abandoned:
+            await self._hand_over(local)
+            return Route.REDIS
+        return route
+
+    async def _hand_over(self, local: LocalJob) -> None:
+        """Move a local stream to Redis: what was delivered in-process, under its ids."""
+        listener = local.listener
+        assert listener is not None
+        history, local.next_event_index = listener.handover()
+        local.route, local.listener = Route.REDIS, None
+        listener.detach(local.token)
+        # Queued in order now, before any later event of this attempt; one pipeline.
+        batched = self._streams.batched
+        sent = [batched.enqueue(local.job_id, e.kind, e.data, e.entry_id) for e in history]
+        log.info("stream_handed_over", job_id=local.job_id, events=len(history))
+        await asyncio.gather(*(asyncio.shield(done) for done in sent))
+
+    async def _hand_over_last(self, local: LocalJob, kind: str, data: dict[str, Any]) -> None:
+        try:
+            await self._hand_over(local)
+            await self._publish(local, kind, data)
+        except Exception:  # noqa: BLE001 - the outcome is written; only a resume misses it
+            log.warning("stream_hand_over_failed", job_id=local.job_id, exc_info=True)
+
+    async def _publish(self, local: LocalJob, kind: str, data: dict[str, Any]) -> Route:
+        route = await self._current_route(local)
         if route is Route.LOCAL:
             assert local.listener is not None
-            local.listener.deliver(StreamEvent(kind, data, ""))
+            local.listener.deliver_new(kind, data)
         elif route is Route.REDIS:
+            entry_id = "*"
+            if local.next_event_index is not None:
+                entry_id = local_event_id(local.next_event_index)
+                local.next_event_index += 1
             # Batched with every other job's events of this tick; retried inside.
-            await self._streams.batched.publish(local.job_id, kind, data)
+            await self._streams.batched.publish(local.job_id, kind, data, entry_id)
         return route
 
     def _emit(

@@ -6,10 +6,10 @@ Redis carries a request's events only when its handler is not on the replica tha
 reads publish none). What goes to Redis leaves in one pipeline per event-loop tick for the whole
 replica (`BatchedPublisher`): the deltas of one engine step, all streams together.
 
-Events are stream entries with two fields: `e` (the kind) and `d` (JSON):
-- `delta`: {"text": str, "token_ids": [int]}
-- `end`:   {"finish_reason": str, "usage": {...}, "timings": {...}}   (the last event)
-- `error`: {"status": int, "code": str, "message": str}              (the last event)
+Events are stream entries with two fields: `e` (the kind) and `d` (JSON), as
+`gateway.dispatch.stream_event` describes them; their ids are Redis's own, or `0-n` for the
+events of an in-process stream that an attempt handed over to Redis (a resumable stream whose
+client left), which keep the ids they were sent with.
 
 A job's last event is written by the fenced `QueueStore.complete` itself (same script), so it
 exists exactly when that attempt's outcome counts.
@@ -28,29 +28,32 @@ import redis.asyncio as aioredis
 
 from gateway.dispatch.local_delivery import LocalDelivery
 from gateway.dispatch.retry import Backoff, retry_transient
+from gateway.dispatch.stream_event import DELTA, END, ERROR, StreamEvent, event_json
 from gateway.queue.redis_text import redis_text
 
-DELTA, END, ERROR = "delta", "end", "error"
+__all__ = [
+    "DELTA",
+    "END",
+    "ERROR",
+    "BatchedPublisher",
+    "StreamEvent",
+    "StreamTail",
+    "TokenStreams",
+    "event_json",
+]
 
-# One pending append: stream key, entry fields, whether it is the last event, its waiter.
-_Append = tuple[str, dict[str, str], bool, "asyncio.Future[None]"]
+# One pending append: stream key, entry fields, its id ("*": Redis picks), whether it is the
+# last event, its waiter.
+_Append = tuple[str, dict[str, str], str, bool, "asyncio.Future[None]"]
 
 
 @dataclass(frozen=True, slots=True)
-class StreamEvent:
-    kind: str
-    data: dict[str, Any]
-    # The stream entry id (usable as an SSE `id:` for resuming); "" for in-process events.
-    entry_id: str
+class StreamTail:
+    """What a resume needs to know of a stream before it reads: is it kept, where it ends."""
 
-    @property
-    def is_last(self) -> bool:
-        return self.kind in (END, ERROR)
-
-
-def event_json(data: dict[str, Any]) -> str:
-    # orjson: ~10x json.dumps; the same compact JSON (non-ASCII kept as UTF-8, not escaped).
-    return orjson.dumps(data).decode()
+    exists: bool
+    # The newest entry, or None (no entry yet: its attempt has not handed over).
+    last: StreamEvent | None
 
 
 class TokenStreams:
@@ -96,6 +99,16 @@ class TokenStreams:
             for entry_id, fields in entries
         ]
 
+    async def tail(self, request_id: str) -> StreamTail:
+        """Whether the stream exists and its newest entry, in one round trip."""
+        key = self._key_for(request_id)
+        async with self._redis.pipeline(transaction=False) as pipe:
+            pipe.exists(key)
+            pipe.xrevrange(key, count=1)
+            exists, newest = await pipe.execute()
+        last = _event(redis_text(newest[0][0]), newest[0][1]) if newest else None
+        return StreamTail(exists=bool(exists), last=last)
+
     async def read(
         self, request_id: str, after: str = "0-0", block_ms: int = 1000
     ) -> AsyncIterator[StreamEvent]:
@@ -138,47 +151,69 @@ class BatchedPublisher:
         # Pipelines sent so far (tests and the benchmark read it).
         self.flushes = 0
 
-    async def publish(self, request_id: str, kind: str, data: dict[str, Any]) -> None:
+    async def publish(
+        self, request_id: str, kind: str, data: dict[str, Any], entry_id: str = "*"
+    ) -> None:
         """Append one event; returns once the pipeline that carried it was applied.
 
         NOTE: a pipeline lost in transit and retried can append its events twice; the stream
-        API has no idempotent append, and losing events would be worse.
+        API has no idempotent append, and losing events would be worse. (An explicit
+        `entry_id` is not appended twice: the retry's XADD fails on the id, and the caller
+        hears that error.)
         """
+        # Shielded: a caller cancelled meanwhile does not take the others' flush down with it.
+        await asyncio.shield(self.enqueue(request_id, kind, data, entry_id))
+
+    def enqueue(
+        self, request_id: str, kind: str, data: dict[str, Any], entry_id: str = "*"
+    ) -> asyncio.Future[None]:
+        """Queue one append now (appends keep the order of these calls); the future is done
+        once the pipeline that carried it was applied."""
         done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         fields = {"e": kind, "d": event_json(data)}
-        self._pending.append((self._key_for(request_id), fields, kind in (END, ERROR), done))
+        last = kind in (END, ERROR)
+        self._pending.append((self._key_for(request_id), fields, entry_id, last, done))
         if self._flusher is None:
             self._flusher = asyncio.create_task(self._flush_all(), name="stream-flush")
-        # Shielded: a caller cancelled meanwhile does not take the others' flush down with it.
-        await asyncio.shield(done)
+        return done
 
     async def _flush_all(self) -> None:
         try:
             while self._pending:
                 batch, self._pending = self._pending, []
                 try:
-                    await retry_transient(
+                    refused = await retry_transient(
                         partial(self._send, batch), what="publish_batch", backoff=self._backoff
                     )
-                except Exception as error:  # noqa: BLE001 - every waiter hears it
-                    for *_, done in batch:
-                        if not done.done():
-                            done.set_exception(error)
-                    continue
-                for *_, done in batch:
-                    if not done.done():
+                except Exception as failure:  # noqa: BLE001 - every waiter hears it
+                    refused = [failure] * len(batch)
+                for (*_, done), why in zip(batch, refused, strict=True):
+                    if done.done():
+                        continue
+                    if why is None:
                         done.set_result(None)
+                    else:
+                        done.set_exception(why)
         finally:
             self._flusher = None
 
-    async def _send(self, batch: list[_Append]) -> None:
+    async def _send(self, batch: list[_Append]) -> list[BaseException | None]:
+        """Each append's error, or None. NOTE: per append, so that one stream's refused
+        explicit id (its top is already past it) fails only that stream's writer."""
         self.flushes += 1
         async with self._redis.pipeline(transaction=False) as pipe:
-            for key, fields, last, _ in batch:
-                pipe.xadd(key, fields)  # type: ignore[arg-type]
+            for key, fields, entry_id, last, _ in batch:
+                pipe.xadd(key, fields, id=entry_id)  # type: ignore[arg-type]
                 if last:
                     pipe.expire(key, self._ttl_s)
-            await pipe.execute()
+            replies = await pipe.execute(raise_on_error=False)
+        refused: list[BaseException | None] = []
+        at = 0
+        for *_, last, _ in batch:
+            reply = replies[at]
+            refused.append(reply if isinstance(reply, BaseException) else None)
+            at += 2 if last else 1
+        return refused
 
 
 def _event(entry_id: str, fields: dict[Any, Any]) -> StreamEvent:

@@ -27,6 +27,7 @@ from gateway.dispatch.token_stream import TokenStreams
 from gateway.http import (
     routes_batches,
     routes_chat,
+    routes_chat_resume,
     routes_completions,
     routes_jobs,
     routes_ops,
@@ -80,6 +81,11 @@ def create_app(settings: Settings, *, redis_client: aioredis.Redis | None = None
     )
     routes = [
         Route("/v1/chat/completions", routes_chat.chat_completions, methods=["POST"]),
+        Route(
+            "/v1/chat/completions/{completion_id}/stream",
+            routes_chat_resume.resume_chat_stream,
+            methods=["GET"],
+        ),
         Route("/v1/completions", routes_completions.completions, methods=["POST"]),
         Route("/v1/jobs", routes_jobs.create_job, methods=["POST"]),
         Route("/v1/jobs", routes_jobs.list_jobs, methods=["GET"]),

@@ -5,6 +5,13 @@ The two endpoints differ only in how the prompt is tokenized and in the JSON of 
 and bodies (`ResponseShape`); queueing, delivery, cancel on disconnect, the idle timeout, the
 usage chunk (`stream_options.include_usage`), usage in every chunk (vLLM's
 `stream_options.continuous_usage_stats`) and the error frames are the same code.
+
+A stream the client asked to be resumable (`stream_options.resumable`) carries each event's
+id on its frames (`id: <stream id>`, `gateway.dispatch.stream_event`): what the client sends back as
+`Last-Event-ID` to resume it (`gateway.http.routes_chat_resume`). Other streams keep OpenAI's
+bytes exactly (`data:` lines only). When such a client leaves, the generation is not
+cancelled at once: its stream moves to Redis and a grace timer (`gateway.dispatch.resume_grace`)
+cancels it unless some client resumes it in time.
 """
 
 from __future__ import annotations
@@ -30,8 +37,9 @@ from gateway.admission.intake import (
     require_model,
     require_ready,
 )
-from gateway.dispatch.local_delivery import WATCHED_KEY, Listener
-from gateway.dispatch.token_stream import DELTA, END, ERROR, StreamEvent
+from gateway.dispatch.local_delivery import RESUMABLE_KEY, WATCHED_KEY, Listener
+from gateway.dispatch.resume_grace import start_grace
+from gateway.dispatch.stream_event import DELTA, END, ERROR, StreamEvent
 from gateway.http.auth import Principal
 from gateway.http.body import read_json_body
 from gateway.http.errors import APIError
@@ -117,11 +125,17 @@ async def admit_and_answer(
     *,
     id_prefix: str,
     headers: Mapping[str, str] | None = None,
+    resumable: bool = False,
 ) -> Response:
-    """Queue the job (marked as watched), listen for it, and answer as the body asks."""
+    """Queue the job (marked as watched), listen for it, and answer as the body asks;
+    `resumable`: a stream its client may leave and resume (`stream_options.resumable`)."""
     state, principal, cls = accepted.state, accepted.principal, accepted.request_class
+    resumable = resumable and payload.stream
     # Marked as read by a handler, so whichever replica runs it sends its events somewhere.
-    payload = dataclasses.replace(payload, extra={**payload.extra, WATCHED_KEY: True})
+    extra = {**payload.extra, WATCHED_KEY: True}
+    if resumable:
+        extra[RESUMABLE_KEY] = True
+    payload = dataclasses.replace(payload, extra=extra)
     deadline_s = interactive_deadline_s(request) if cls is RequestClass.INTERACTIVE else None
     admitted = await admit(
         state, principal, cls, payload, deadline_s=deadline_s, id_prefix=id_prefix
@@ -129,25 +143,28 @@ async def admit_and_answer(
     # No await since admit returned: the local dispatcher finds the listener when it runs the
     # job (one that came late would still be served, through the stream).
     assert state.streams is not None
-    listener = state.streams.local.listen(admitted.job_id)
+    listener = state.streams.local.listen(admitted.job_id, resumable=resumable)
     state.metrics.requests.labels(cls.value, shape.endpoint, "admitted").inc()
     extra_headers = dict(headers or {})
     if payload.stream:
-        stream = _Sse(state, admitted, listener, principal.tenant, shape)
+        stream = SseAnswer(state, admitted, listener, principal.tenant, shape)
         stream.with_timings = request.headers.get(TIMINGS_HEADER) == "1"
         stream.usage_in_every_chunk = continuous_usage(accepted.body)
-        return StreamingResponse(
-            stream.frames(),
-            media_type="text/event-stream",
-            headers={**SSE_HEADERS, **admitted.prediction_headers, **extra_headers},
-        )
+        return sse_response(stream, {**admitted.prediction_headers, **extra_headers})
     body = await _complete(state, admitted, listener, principal.tenant, shape)
     return JSONResponse(body, headers=extra_headers)
 
 
-def _frame(body: dict[str, Any]) -> bytes:
+def sse_response(stream: SseAnswer, headers: Mapping[str, str]) -> StreamingResponse:
+    return StreamingResponse(
+        stream.frames(), media_type="text/event-stream", headers={**SSE_HEADERS, **headers}
+    )
+
+
+def _frame(body: dict[str, Any], event_id: str = "") -> bytes:
     # orjson: ~1 us a chunk instead of ~10 (json.dumps), the same compact JSON.
-    return b"data: " + orjson.dumps(body) + b"\n\n"
+    data = b"data: " + orjson.dumps(body) + b"\n\n"
+    return b"id: " + event_id.encode() + b"\n" + data if event_id else data
 
 
 async def _events(state: GatewayState, listener: Listener) -> AsyncIterator[StreamEvent]:
@@ -193,7 +210,7 @@ def _forget(state: GatewayState, listener: Listener) -> None:
     state.streams.local.forget(listener)
 
 
-class _Sse:
+class SseAnswer:
     """One streamed answer: the shape's chunks, then `data: [DONE]`."""
 
     def __init__(
@@ -209,8 +226,15 @@ class _Sse:
         self.with_timings = False
         self.usage_in_every_chunk = False
         self.completion_tokens = 0
+        # False for a resume from a Last-Event-ID: the client has the role chunk already.
+        self.send_first_chunk = True
+        # The job's reader epoch of this reader (0: the request's own; a resume's is from
+        # `QueueStore.resume_reader`), which its grace timer carries.
+        self.reader_epoch = 0
 
-    def _with_usage(self, body: dict[str, Any], usage: Mapping[str, int] | None = None) -> bytes:
+    def _with_usage(
+        self, body: dict[str, Any], usage: Mapping[str, int] | None = None, event_id: str = ""
+    ) -> bytes:
         if self.usage_in_every_chunk:
             prompt_tokens = len(self.admitted.payload.prompt_token_ids)
             body["usage"] = usage_body(
@@ -219,37 +243,73 @@ class _Sse:
             )
         elif self.admitted.payload.include_usage:
             body["usage"] = None  # as OpenAI's chunks before the usage chunk
-        return _frame(body)
+        return _frame(body, event_id)
 
     async def frames(self) -> AsyncIterator[bytes]:
         shape, admitted = self.shape, self.admitted
         finished = False
+        # The END event's frames, written with [DONE] in one piece.
+        tail = b""
         try:
-            first = shape.first_chunk(admitted)
+            first = shape.first_chunk(admitted) if self.send_first_chunk else None
             if first is not None:
                 yield self._with_usage(first)
+            # Ids only where a client can use them: every other stream keeps OpenAI's bytes.
+            with_ids = self.listener.resumable
             async for event in _events(self.state, self.listener):
+                event_id = event.entry_id if with_ids else ""
                 if event.kind == DELTA:
                     self.completion_tokens += len(event.data.get("token_ids", ()))
                     if event.data["text"]:
-                        yield self._with_usage(shape.text_chunk(admitted, event.data["text"]))
+                        chunk = shape.text_chunk(admitted, event.data["text"])
+                        yield self._with_usage(chunk, event_id=event_id)
                 elif event.kind == END:
                     last = shape.finish_chunk(admitted, event.data["finish_reason"])
                     if self.with_timings:
                         # Opt-in extension (load generators): server-side queue delay and TTFT.
                         last["mixgate_timings"] = event.data.get("timings")
-                    yield self._with_usage(last, event.data["usage"])
+                    # One write for the event's frames and [DONE] (below): a client that has
+                    # its id has had all of them, so a resume after it misses nothing.
+                    tail = self._with_usage(last, event.data["usage"], event_id)
                     if admitted.payload.include_usage:
-                        yield _frame(shape.usage_chunk(admitted, event.data["usage"]))
+                        tail += _frame(shape.usage_chunk(admitted, event.data["usage"]))
                     _observe(self.state, admitted.request_class, shape)
                 elif event.kind == ERROR:
-                    yield _frame({"error": error_object(event.data)})
-            yield b"data: [DONE]\n\n"
+                    yield _frame({"error": error_object(event.data)}, event_id)
+            yield tail + b"data: [DONE]\n\n"
             finished = True
         finally:
-            _forget(self.state, self.listener)
-            if not finished:
+            self._leave(finished)
+            if not finished and not self.listener.resumable:
                 await _cancel(self.state, admitted.job_id, self.tenant)
+
+    def _leave(self, finished: bool) -> None:
+        """Stop listening; a resumable stream left unfinished is abandoned (no await before:
+        the attempt must see it at its next event) and gets its grace timer."""
+        orphans = self.listener.abandon() if not finished and self.listener.resumable else []
+        _forget(self.state, self.listener)
+        assert self.state.streams is not None
+        for event in orphans:
+            # The job ended before its client left: its events go to Redis from here.
+            written = self.state.streams.batched.enqueue(
+                self.admitted.job_id, event.kind, event.data, event.entry_id
+            )
+            written.add_done_callback(_log_write_failure)
+        if not finished and self.listener.resumable:
+            assert self.state.store is not None
+            start_grace(
+                self.state.store,
+                self.admitted.job_id,
+                self.tenant,
+                self.reader_epoch,
+                self.state.settings.stream_resume_grace_s,
+                lambda: int(time.time() * 1000),
+            )
+
+
+def _log_write_failure(written: asyncio.Future[None]) -> None:
+    if not written.cancelled() and written.exception() is not None:
+        log.warning("stream_write_failed", error=repr(written.exception()))
 
 
 async def _complete(

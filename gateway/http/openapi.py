@@ -14,6 +14,7 @@ from pydantic import BaseModel
 
 from gateway.batch.schemas import BatchCreateRequest
 from gateway.http.openapi_batch import BATCH_SCHEMAS, batch_paths
+from gateway.http.openapi_chat_resume import resume_paths
 from gateway.http.openapi_completions import (
     COMPLETION_SCHEMAS,
     VLLM_EXTENSIONS_POLICY,
@@ -366,8 +367,11 @@ _SUBMIT_ERRORS: Final = ("400", "401", "403", "404", "408", "413", "429", "503")
 
 def _paths() -> dict[str, Any]:
     sse = (
-        "With `stream: true`: frames `data: {ChatCompletionChunk}\\n\\n`, "
-        "then `data: [DONE]\\n\\n`."
+        "With `stream: true`: frames `data: {ChatCompletionChunk}\\n\\n`, then "
+        "`data: [DONE]\\n\\n`. With `stream_options.resumable: true` each event's frames "
+        "also carry its id (`id: <event id>\\n`; the role chunk has none), and a client that "
+        "leaves may resume with the last id it received: "
+        "`GET /v1/chat/completions/{completion_id}/stream`."
     )
     return {
         "/v1/chat/completions": {
@@ -515,7 +519,8 @@ def _paths() -> dict[str, Any]:
 
 def _all_paths() -> dict[str, Any]:
     completions = completion_paths([_CLASS_HEADER_PARAM], _errors(*_SUBMIT_ERRORS))
-    return {**_paths(), **completions, **batch_paths()}
+    resume = resume_paths(_errors("400", "401", "404", "429", "503"))
+    return {**_paths(), **resume, **completions, **batch_paths()}
 
 
 _METHODS: Final = frozenset({"get", "put", "post", "delete", "options", "head", "patch", "trace"})

@@ -5,7 +5,9 @@ local listener right after admit: when this replica's dispatcher runs the job, t
 in-process; when another replica runs it, over the request's Redis stream
 (`gateway.dispatch.local_delivery`). A client that goes away cancels the request: the replica
 running it aborts it in its engine, which frees its KV blocks. The path after parsing is shared with
-legacy completions (`gateway.http.generation_stream`).
+legacy completions (`gateway.http.generation_stream`). A stream asked for with
+`stream_options.resumable` is not cancelled when its client leaves: the client may resume it
+(`gateway.http.routes_chat_resume`) within the grace time.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ from gateway.http.schemas import (
     parse_chat_request,
     role_delta,
 )
+from gateway.http.schemas_chat import ChatStreamOptions
 
 
 class ChatShape:
@@ -68,4 +71,8 @@ class ChatShape:
 async def chat_completions(request: Request) -> Response:
     accepted = await accept_request(request, parse_chat_request)
     payload = build_payload(accepted.state, accepted.body, accepted.request_class)
-    return await admit_and_answer(request, accepted, payload, ChatShape(), id_prefix="chatcmpl-")
+    options = accepted.body.stream_options
+    resumable = isinstance(options, ChatStreamOptions) and bool(options.resumable)
+    return await admit_and_answer(
+        request, accepted, payload, ChatShape(), id_prefix="chatcmpl-", resumable=resumable
+    )

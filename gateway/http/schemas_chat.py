@@ -32,6 +32,7 @@ __all__ = [
     "MAX_STOP_STRINGS",
     "ChatCompletionRequest",
     "ChatMessage",
+    "ChatStreamOptions",
     "Metadata",
     "ParamError",
     "ResponseFormat",
@@ -156,6 +157,15 @@ class StreamOptions(BaseModel):
     """Send a last chunk with empty `choices` and the request's token usage."""
     continuous_usage_stats: bool | None = None
     """vLLM extension: every chunk carries the usage so far (with `include_usage`)."""
+
+
+class ChatStreamOptions(StreamOptions):
+    """A chat's stream options: OpenAI's and vLLM's, and whether the stream is resumable."""
+
+    resumable: bool | None = None
+    """mixgate extension: a client that leaves does not cancel the generation at once; it may
+    resume with `GET /v1/chat/completions/{id}/stream` and `Last-Event-ID` within the
+    server's grace time (`MIXGATE_STREAM_RESUME_GRACE_S`)."""
 
 
 class ResponseFormat(BaseModel):
@@ -343,6 +353,7 @@ class ChatCompletionRequest(SamplingRequest):
     """POST /v1/chat/completions."""
 
     messages: Annotated[list[ChatMessage], Field(min_length=1)]
+    stream_options: ChatStreamOptions | None = None
     logprobs: Annotated[bool, WithJsonSchema({"type": "boolean", "const": False})] | None = None
     """Only false (not supported otherwise)."""
     metadata: Metadata | None = None

@@ -10,8 +10,8 @@ from pydantic import ConfigDict, Field, WithJsonSchema, field_validator, model_v
 from gateway.http.schemas_chat import (
     CHAT_CROSS_FIELD_RULES,
     ChatCompletionRequest,
+    ChatStreamOptions,
     ParamError,
-    StreamOptions,
     not_both,
 )
 
@@ -81,7 +81,7 @@ class JobCreateRequest(ChatCompletionRequest):
 
     stream: Annotated[bool, WithJsonSchema(_null_or({"type": "boolean", "const": False}))] = False
     """Jobs do not stream: only false (or null)."""
-    stream_options: Annotated[StreamOptions, WithJsonSchema({"type": "null"})] | None = None
+    stream_options: Annotated[ChatStreamOptions, WithJsonSchema({"type": "null"})] | None = None
     """Jobs do not stream, so only null."""
 
     custom_id: Annotated[str, Field(pattern=CUSTOM_ID_PATTERN)] | None = None

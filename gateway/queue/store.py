@@ -51,6 +51,7 @@ _SCRIPTS = (
     "cancel",
     "mark_tokens_sent",
     "list_page",
+    "resume",
 )
 
 
@@ -272,8 +273,12 @@ class QueueStore:
             requeued_ids=_ids(requeued), failed_ids=_ids(failed), cancelled_ids=_ids(cancelled)
         )
 
-    async def cancel(self, job_id: str, tenant: str, now_ms: int) -> str:
-        """'cancelled' | 'cancelling' | the terminal status it already had | 'not_found'."""
+    async def cancel(
+        self, job_id: str, tenant: str, now_ms: int, *, reader_epoch: int | None = None
+    ) -> str:
+        """'cancelled' | 'cancelling' | the terminal status it already had | 'not_found';
+        with `reader_epoch` (an abandoned stream's grace timer), 'resumed' and nothing done
+        when a resume has bumped the job's epoch past it (`resume_reader`)."""
         keys = [self.keys.job(job_id), self.keys.cancel(job_id)]
         args: list[_Arg] = [
             job_id,
@@ -282,8 +287,15 @@ class QueueStore:
             self._cancel_flag_ttl_ms,
             self.keys.prefix,
             self.keys.cancel_channel,
+            "" if reader_epoch is None else reader_epoch,
         ]
         return redis_text(await self._scripts["cancel"](keys=keys, args=args))
+
+    async def resume_reader(self, job_id: str, tenant: str) -> int | None:
+        """A new reader of the job's stream: its reader epoch (from 1); None when the job is
+        unknown or another tenant's. A job nobody resumed has epoch 0."""
+        epoch = int(await self._scripts["resume"](keys=[self.keys.job(job_id)], args=[tenant]))
+        return None if epoch < 0 else epoch
 
     async def get_job(self, job_id: str, tenant: str) -> JobRecord | None:
         """The job, or None when it is unknown or belongs to another tenant."""

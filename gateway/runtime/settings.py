@@ -62,6 +62,9 @@ class Settings:
     stream_ttl_s: int = 3600
     # A stream with no event for this long ends with an error (a dead dispatcher).
     stream_idle_timeout_s: float = 60.0
+    # A resumable stream (`stream_options.resumable`) whose client left keeps generating this
+    # long for a resume (`GET /v1/chat/completions/{id}/stream`); then it is cancelled.
+    stream_resume_grace_s: float = 30.0
     drain_timeout_s: float = 30.0
     # Engine placement.
     device: str = "auto"
@@ -95,6 +98,8 @@ class Settings:
             raise ValueError("port must be in 0..65535")
         if self.lease_s <= 0 or self.drain_timeout_s < 0 or self.stream_idle_timeout_s <= 0:
             raise ValueError("lease_s and stream_idle_timeout_s must be positive")
+        if self.stream_resume_grace_s < 0:
+            raise ValueError("stream_resume_grace_s must be >= 0")
         if self.max_attempts < 1:
             raise ValueError("max_attempts must be at least 1")
         if self.max_body_bytes < 1024:
@@ -178,6 +183,7 @@ _INTS = {
 _FLOATS = {
     "lease_s",
     "stream_idle_timeout_s",
+    "stream_resume_grace_s",
     "drain_timeout_s",
     "redis_pool_timeout_s",
     "redis_connect_timeout_s",

@@ -82,6 +82,7 @@ def test_openapi_covers_the_api() -> None:
     doc = build_openapi()
     expected = {
         ("POST", "/v1/chat/completions"),
+        ("GET", "/v1/chat/completions/{completion_id}/stream"),
         ("POST", "/v1/completions"),
         ("GET", "/v1/models"),
         ("POST", "/v1/jobs"),

@@ -1,10 +1,12 @@
 -- Cancel a job on behalf of its tenant.
 --
 -- KEYS[1] job:{id}  KEYS[2] cancel:{id}
--- ARGV: id, tenant, now_ms, flag_ttl_ms, prefix, cancel_channel
+-- ARGV: id, tenant, now_ms, flag_ttl_ms, prefix, cancel_channel, reader_epoch (optional)
 -- Returns 'cancelled' (it was queued: removed, never runs) | 'cancelling' (it runs: the flag is
 -- set and the id published; the owning dispatcher aborts and completes it as cancelled) |
--- its terminal status unchanged | 'not_found' (unknown, or another tenant's: never reveal it).
+-- its terminal status unchanged | 'not_found' (unknown, or another tenant's: never reveal it) |
+-- 'resumed' (a reader_epoch was given and a resume has bumped the job's since: someone reads
+-- the stream again, so the abandoned stream's grace timer cancels nothing; resume.lua).
 
 local job_key, flag_key = KEYS[1], KEYS[2]
 local id, tenant, now_ms, prefix = ARGV[1], ARGV[2], ARGV[3], ARGV[5]
@@ -14,6 +16,12 @@ if f[1] ~= tenant then
   return 'not_found'
 end
 local status = f[2]
+if ARGV[7] and ARGV[7] ~= '' then
+  local epoch = redis.call('HGET', job_key, 'reader_epoch')
+  if (epoch or '0') ~= ARGV[7] then
+    return 'resumed'
+  end
+end
 
 if status == 'queued' then
   redis.call('ZREM', prefix .. 'pending:' .. f[3], id)
