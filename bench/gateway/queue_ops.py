@@ -17,7 +17,8 @@ from dataclasses import dataclass
 import redis.asyncio as aioredis
 
 from engine.core.sampling_params import SamplingParams
-from gateway.dispatch.token_stream import DELTA, END, TokenStreams
+from gateway.dispatch.stream_event import DELTA, END
+from gateway.dispatch.token_stream import TokenStreams
 from gateway.queue import JobStatus, Keys, NewJob, QueueStore
 from gateway.queue.payload import JobPayload
 from policies.request_class import RequestClass

@@ -22,7 +22,7 @@ from gateway.http.schemas import (
     messages_as_dicts,
     stop_list,
 )
-from gateway.http.schemas_chat import SamplingRequest
+from gateway.http.schemas_sampling import SamplingRequest
 from gateway.http.state import GatewayState
 from gateway.queue import AdmitStatus, NewJob
 from gateway.queue.payload import JobPayload

@@ -7,8 +7,8 @@ from typing import Annotated, Any, Final, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from gateway.http.schemas import validation_error_to_api_error
-from gateway.http.schemas_chat import Metadata, check_metadata
 from gateway.http.schemas_jobs import CompletionWindow, parse_completion_window_s
+from gateway.http.schemas_sampling import Metadata, check_metadata
 
 __all__ = ["BATCH_ENDPOINT", "BatchCreateRequest", "parse_batch_request"]
 

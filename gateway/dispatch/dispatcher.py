@@ -38,7 +38,8 @@ from gateway.dispatch.events import (
     FinishedHook,
     combine_hooks,
 )
-from gateway.dispatch.job_run import JobRunner, LocalJob
+from gateway.dispatch.job_run import JobRunner
+from gateway.dispatch.local_job import LocalJob
 from gateway.dispatch.notices import ScriptOutcomes
 from gateway.dispatch.retry import Backoff
 from gateway.dispatch.token_stream import TokenStreams

@@ -46,7 +46,7 @@ from policies.request_class import RequestClass
 
 log = structlog.get_logger("mixgate.dispatcher")
 
-__all__ = ["JobRunner", "LocalJob", "timings_of"]
+__all__ = ["JobRunner", "timings_of"]
 
 
 @dataclass(frozen=True, slots=True)

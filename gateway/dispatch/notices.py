@@ -17,7 +17,8 @@ import redis.asyncio as aioredis
 
 from gateway.dispatch.events import DispatchCounters, DispatchEvent, DispatchEventKind
 from gateway.dispatch.retry import Backoff, retry_transient
-from gateway.dispatch.token_stream import ERROR, TokenStreams
+from gateway.dispatch.stream_event import ERROR
+from gateway.dispatch.token_stream import TokenStreams
 from gateway.queue import QueueStore, ReclaimResult
 from gateway.queue.redis_text import redis_text
 from policies.request_class import RequestClass

@@ -28,19 +28,10 @@ import redis.asyncio as aioredis
 
 from gateway.dispatch.local_delivery import LocalDelivery
 from gateway.dispatch.retry import Backoff, retry_transient
-from gateway.dispatch.stream_event import DELTA, END, ERROR, StreamEvent, event_json
+from gateway.dispatch.stream_event import END, ERROR, StreamEvent, event_json
 from gateway.queue.redis_text import redis_text
 
-__all__ = [
-    "DELTA",
-    "END",
-    "ERROR",
-    "BatchedPublisher",
-    "StreamEvent",
-    "StreamTail",
-    "TokenStreams",
-    "event_json",
-]
+__all__ = ["BatchedPublisher", "StreamTail", "TokenStreams", "event_json"]
 
 # One pending append: stream key, entry fields, its id ("*": Redis picks), whether it is the
 # last event, its waiter.

@@ -1,5 +1,6 @@
 """What chat and legacy completions share after the request is parsed: admit the job, listen
-for its events, and answer them as one body or as an SSE stream.
+for its events, and answer them as one body (here) or as an SSE stream (sse.py; the events
+themselves: job_events.py).
 
 The two endpoints differ only in how the prompt is tokenized and in the JSON of their chunks
 and bodies (`ResponseShape`); queueing, delivery, cancel on disconnect, the idle timeout, the
@@ -18,15 +19,12 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-import time
-from collections.abc import AsyncIterator, Callable, Mapping
-from typing import Any, Generic, Protocol, TypeVar
+from collections.abc import Callable, Mapping
+from typing import Any, Generic, TypeVar
 
-import anyio
-import orjson
 import structlog
 from starlette.requests import Request
-from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.responses import JSONResponse, Response
 
 from gateway.admission.intake import (
     Admitted,
@@ -38,44 +36,26 @@ from gateway.admission.intake import (
     require_ready,
 )
 from gateway.dispatch.local_delivery import RESUMABLE_KEY, WATCHED_KEY, Listener
-from gateway.dispatch.resume_grace import start_grace
-from gateway.dispatch.stream_event import DELTA, END, ERROR, StreamEvent
+from gateway.dispatch.stream_event import DELTA, END, ERROR
 from gateway.http.auth import Principal
 from gateway.http.body import read_json_body
 from gateway.http.errors import APIError
-from gateway.http.schemas import usage_body
-from gateway.http.schemas_chat import SamplingRequest
+from gateway.http.job_events import (
+    ResponseShape,
+    cancel_request,
+    count_completed,
+    error_object,
+    request_events,
+    stop_listening,
+)
+from gateway.http.schemas_sampling import SamplingRequest
+from gateway.http.sse import TIMINGS_HEADER, SseAnswer, sse_response
 from gateway.http.state import GatewayState
 from gateway.queue.payload import JobPayload
 from gateway.runtime.redis_health import require_redis
 from policies.request_class import RequestClass
 
 log = structlog.get_logger("mixgate.generation")
-# A client that sends this header with "1" gets the server's timings in the final chunk.
-TIMINGS_HEADER = "x-mixgate-timings"
-SSE_HEADERS = {"Cache-Control": "no-store", "X-Accel-Buffering": "no"}
-
-
-class ResponseShape(Protocol):
-    """The endpoint's JSON: chunk bodies of a stream, and the body of a whole answer.
-
-    `usage` on a chunk: None leaves it out; with `include_usage` the stream's chunks carry
-    `"usage": null` (OpenAI) or the usage so far (continuous usage), which the caller passes.
-    """
-
-    endpoint: str  # the metrics label
-
-    def first_chunk(self, admitted: Admitted) -> dict[str, Any] | None: ...
-
-    def text_chunk(self, admitted: Admitted, text: str) -> dict[str, Any]: ...
-
-    def finish_chunk(self, admitted: Admitted, finish_reason: str) -> dict[str, Any]: ...
-
-    def usage_chunk(self, admitted: Admitted, usage: Mapping[str, int]) -> dict[str, Any]: ...
-
-    def whole_body(
-        self, admitted: Admitted, text: str, finish_reason: str, usage: Mapping[str, int]
-    ) -> dict[str, Any]: ...
 
 
 async def read_body(request: Request, state: GatewayState) -> dict[str, Any]:
@@ -155,173 +135,16 @@ async def admit_and_answer(
     return JSONResponse(body, headers=extra_headers)
 
 
-def sse_response(stream: SseAnswer, headers: Mapping[str, str]) -> StreamingResponse:
-    return StreamingResponse(
-        stream.frames(), media_type="text/event-stream", headers={**SSE_HEADERS, **headers}
-    )
-
-
-def _frame(body: dict[str, Any], event_id: str = "") -> bytes:
-    # orjson: ~1 us a chunk instead of ~10 (json.dumps), the same compact JSON.
-    data = b"data: " + orjson.dumps(body) + b"\n\n"
-    return b"id: " + event_id.encode() + b"\n" + data if event_id else data
-
-
-async def _events(state: GatewayState, listener: Listener) -> AsyncIterator[StreamEvent]:
-    """The request's events; silence past the idle timeout is an error."""
-    events = listener.events()
-    try:
-        while True:
-            try:
-                async with asyncio.timeout(state.settings.stream_idle_timeout_s):
-                    event = await anext(events)
-            except StopAsyncIteration:
-                return
-            except TimeoutError:
-                yield StreamEvent(
-                    ERROR,
-                    {
-                        "status": 504,
-                        "code": "stream_timeout",
-                        "message": "no tokens arrived in time",
-                    },
-                    "",
-                )
-                return
-            yield event
-            if event.is_last:
-                return
-    finally:
-        await events.aclose()
-
-
-async def _cancel(state: GatewayState, job_id: str, tenant: str) -> None:
-    # Shielded: the handler's scope is already cancelled when the client has gone.
-    with anyio.CancelScope(shield=True):
-        assert state.store is not None
-        try:
-            await state.store.cancel(job_id, tenant, int(time.time() * 1000))
-        except Exception:  # noqa: BLE001 - a failed cancel must not mask the disconnect
-            log.warning("cancel_failed", job_id=job_id, exc_info=True)
-
-
-def _forget(state: GatewayState, listener: Listener) -> None:
-    assert state.streams is not None
-    state.streams.local.forget(listener)
-
-
-class SseAnswer:
-    """One streamed answer: the shape's chunks, then `data: [DONE]`."""
-
-    def __init__(
-        self,
-        state: GatewayState,
-        admitted: Admitted,
-        listener: Listener,
-        tenant: str,
-        shape: ResponseShape,
-    ) -> None:
-        self.state, self.admitted, self.listener, self.tenant = state, admitted, listener, tenant
-        self.shape = shape
-        self.with_timings = False
-        self.usage_in_every_chunk = False
-        self.completion_tokens = 0
-        # False for a resume from a Last-Event-ID: the client has the role chunk already.
-        self.send_first_chunk = True
-        # The job's reader epoch of this reader (0: the request's own; a resume's is from
-        # `QueueStore.resume_reader`), which its grace timer carries.
-        self.reader_epoch = 0
-
-    def _with_usage(
-        self, body: dict[str, Any], usage: Mapping[str, int] | None = None, event_id: str = ""
-    ) -> bytes:
-        if self.usage_in_every_chunk:
-            prompt_tokens = len(self.admitted.payload.prompt_token_ids)
-            body["usage"] = usage_body(
-                usage
-                or {"prompt_tokens": prompt_tokens, "completion_tokens": self.completion_tokens}
-            )
-        elif self.admitted.payload.include_usage:
-            body["usage"] = None  # as OpenAI's chunks before the usage chunk
-        return _frame(body, event_id)
-
-    async def frames(self) -> AsyncIterator[bytes]:
-        shape, admitted = self.shape, self.admitted
-        finished = False
-        # The END event's frames, written with [DONE] in one piece.
-        tail = b""
-        try:
-            first = shape.first_chunk(admitted) if self.send_first_chunk else None
-            if first is not None:
-                yield self._with_usage(first)
-            # Ids only where a client can use them: every other stream keeps OpenAI's bytes.
-            with_ids = self.listener.resumable
-            async for event in _events(self.state, self.listener):
-                event_id = event.entry_id if with_ids else ""
-                if event.kind == DELTA:
-                    self.completion_tokens += len(event.data.get("token_ids", ()))
-                    if event.data["text"]:
-                        chunk = shape.text_chunk(admitted, event.data["text"])
-                        yield self._with_usage(chunk, event_id=event_id)
-                elif event.kind == END:
-                    last = shape.finish_chunk(admitted, event.data["finish_reason"])
-                    if self.with_timings:
-                        # Opt-in extension (load generators): server-side queue delay and TTFT.
-                        last["mixgate_timings"] = event.data.get("timings")
-                    # One write for the event's frames and [DONE] (below): a client that has
-                    # its id has had all of them, so a resume after it misses nothing.
-                    tail = self._with_usage(last, event.data["usage"], event_id)
-                    if admitted.payload.include_usage:
-                        tail += _frame(shape.usage_chunk(admitted, event.data["usage"]))
-                    _observe(self.state, admitted.request_class, shape)
-                elif event.kind == ERROR:
-                    yield _frame({"error": error_object(event.data)}, event_id)
-            yield tail + b"data: [DONE]\n\n"
-            finished = True
-        finally:
-            self._leave(finished)
-            if not finished and not self.listener.resumable:
-                await _cancel(self.state, admitted.job_id, self.tenant)
-
-    def _leave(self, finished: bool) -> None:
-        """Stop listening; a resumable stream left unfinished is abandoned (no await before:
-        the attempt must see it at its next event) and gets its grace timer."""
-        orphans = self.listener.abandon() if not finished and self.listener.resumable else []
-        _forget(self.state, self.listener)
-        assert self.state.streams is not None
-        for event in orphans:
-            # The job ended before its client left: its events go to Redis from here.
-            written = self.state.streams.batched.enqueue(
-                self.admitted.job_id, event.kind, event.data, event.entry_id
-            )
-            written.add_done_callback(_log_write_failure)
-        if not finished and self.listener.resumable:
-            assert self.state.store is not None
-            start_grace(
-                self.state.store,
-                self.admitted.job_id,
-                self.tenant,
-                self.reader_epoch,
-                self.state.settings.stream_resume_grace_s,
-                lambda: int(time.time() * 1000),
-            )
-
-
-def _log_write_failure(written: asyncio.Future[None]) -> None:
-    if not written.cancelled() and written.exception() is not None:
-        log.warning("stream_write_failed", error=repr(written.exception()))
-
-
 async def _complete(
     state: GatewayState, admitted: Admitted, listener: Listener, tenant: str, shape: ResponseShape
 ) -> dict[str, Any]:
     parts: list[str] = []
     try:
-        async for event in _events(state, listener):
+        async for event in request_events(state, listener):
             if event.kind == DELTA:
                 parts.append(event.data["text"])
             elif event.kind == END:
-                _observe(state, admitted.request_class, shape)
+                count_completed(state, admitted.request_class, shape)
                 return shape.whole_body(
                     admitted, "".join(parts), event.data["finish_reason"], event.data["usage"]
                 )
@@ -335,26 +158,9 @@ async def _complete(
                     data.get("code"),
                 )
     except asyncio.CancelledError:
-        await _cancel(state, admitted.job_id, tenant)
+        await cancel_request(state, admitted.job_id, tenant)
         raise
     finally:
-        _forget(state, listener)
+        stop_listening(state, listener)
     log.error("stream_ended_without_result", job_id=admitted.job_id)
     raise APIError.internal()
-
-
-def _observe(state: GatewayState, cls: RequestClass, shape: ResponseShape) -> None:
-    state.metrics.requests.labels(cls.value, shape.endpoint, "completed").inc()
-
-
-def error_object(data: dict[str, Any]) -> dict[str, Any]:
-    status = int(data.get("status", 500))
-    kind = "invalid_request_error" if status < 500 else "server_error"
-    if status == 429:
-        kind = "rate_limit_error"
-    return {
-        "message": data.get("message", "failed"),
-        "type": kind,
-        "code": data.get("code"),
-        "param": None,
-    }

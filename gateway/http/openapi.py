@@ -20,6 +20,13 @@ from gateway.http.openapi_completions import (
     VLLM_EXTENSIONS_POLICY,
     completion_paths,
 )
+from gateway.http.openapi_responses import (
+    ERROR_RESPONSES,
+    RESPONSE_SCHEMAS,
+    error_refs,
+    json_response,
+    schema_ref,
+)
 from gateway.http.schemas_chat import ChatCompletionRequest
 from gateway.http.schemas_completions import CompletionRequest
 from gateway.http.schemas_jobs import JobCreateRequest
@@ -28,7 +35,6 @@ from policies.classify import CLASS_HEADER
 __all__ = ["DOCUMENTED_OPERATIONS", "build_openapi", "hoist_defs"]
 
 _SCHEMAS: Final = "#/components/schemas/"
-_RESPONSES: Final = "#/components/responses/"
 
 _DESCRIPTION: Final = (
     "OpenAI-compatible gateway serving interactive chat (SSE) and bulk jobs (REST) from one "
@@ -37,10 +43,6 @@ _DESCRIPTION: Final = (
     "Every operation that needs an API key may answer 429 when the key's rate limit is spent. "
     + VLLM_EXTENSIONS_POLICY
 )
-
-
-def _ref(name: str) -> dict[str, str]:
-    return {"$ref": _SCHEMAS + name}
 
 
 def _rewrite_refs(node: Any) -> Any:
@@ -80,255 +82,7 @@ def _model_schema(model: type[BaseModel], components: dict[str, Any]) -> None:
     components[model.__name__] = hoist_defs(model.model_json_schema(), components)
 
 
-# ---- hand-written schemas for what the routes return ----------------------------------------
-
-_NULLABLE_STRING: Final = {"type": ["string", "null"]}
-_NULLABLE_UNIX_S: Final = {"type": ["number", "null"], "description": "Unix seconds."}
-
-_RESPONSE_SCHEMAS: Final[Mapping[str, Any]] = {
-    "ErrorObject": {
-        "type": "object",
-        "required": ["message", "type", "code", "param"],
-        "properties": {
-            "message": {"type": "string"},
-            "type": {
-                "type": "string",
-                "examples": ["invalid_request_error", "authentication_error", "rate_limit_error"],
-            },
-            "code": _NULLABLE_STRING,
-            "param": {**_NULLABLE_STRING, "description": "The field path or header at fault."},
-        },
-    },
-    "Error": {
-        "type": "object",
-        "required": ["error"],
-        "properties": {"error": _ref("ErrorObject")},
-    },
-    "Usage": {
-        "type": "object",
-        "required": ["prompt_tokens", "completion_tokens", "total_tokens"],
-        "properties": {
-            "prompt_tokens": {"type": "integer"},
-            "completion_tokens": {"type": "integer"},
-            "total_tokens": {"type": "integer"},
-        },
-    },
-    "ChatCompletion": {
-        "type": "object",
-        "required": ["id", "object", "created", "model", "choices", "usage"],
-        "properties": {
-            "id": {"type": "string"},
-            "object": {"const": "chat.completion"},
-            "created": {"type": "integer", "description": "Unix seconds."},
-            "model": {"type": "string"},
-            "choices": {
-                "type": "array",
-                "items": {
-                    "type": "object",
-                    "required": ["index", "message", "logprobs", "finish_reason"],
-                    "properties": {
-                        "index": {"type": "integer"},
-                        "message": {
-                            "type": "object",
-                            "required": ["role", "content", "refusal"],
-                            "properties": {
-                                "role": {"const": "assistant"},
-                                "content": _NULLABLE_STRING,
-                                "refusal": {"type": "null"},
-                            },
-                        },
-                        "logprobs": {"type": "null"},
-                        "finish_reason": {"type": "string", "enum": ["stop", "length"]},
-                    },
-                },
-            },
-            "usage": _ref("Usage"),
-            "service_tier": _NULLABLE_STRING,
-            "system_fingerprint": _NULLABLE_STRING,
-        },
-    },
-    "ChatCompletionChunk": {
-        "type": "object",
-        "description": "One SSE frame of a streamed completion: `data: {chunk}`.",
-        "required": ["id", "object", "created", "model", "choices"],
-        "properties": {
-            "id": {"type": "string"},
-            "object": {"const": "chat.completion.chunk"},
-            "created": {"type": "integer", "description": "Unix seconds."},
-            "model": {"type": "string"},
-            "choices": {
-                "type": "array",
-                "description": "One choice; empty in the final usage chunk.",
-                "items": {
-                    "type": "object",
-                    "required": ["index", "delta", "logprobs", "finish_reason"],
-                    "properties": {
-                        "index": {"type": "integer"},
-                        "delta": {
-                            "type": "object",
-                            "properties": {
-                                "role": {"const": "assistant"},
-                                "content": {"type": "string"},
-                            },
-                        },
-                        "logprobs": {"type": "null"},
-                        "finish_reason": {
-                            "type": ["string", "null"],
-                            "enum": ["stop", "length", None],
-                        },
-                    },
-                },
-            },
-            "usage": {"anyOf": [_ref("Usage"), {"type": "null"}]},
-            "service_tier": _NULLABLE_STRING,
-            "system_fingerprint": _NULLABLE_STRING,
-        },
-    },
-    # NOTE: written to match routes_jobs.job_object: times are float Unix seconds (ms / 1000)
-    # and the finished completion is under "response".
-    "Job": {
-        "type": "object",
-        "required": ["id", "object", "status", "class", "created_at"],
-        "properties": {
-            "id": {"type": "string"},
-            "object": {"const": "job"},
-            "status": {
-                "type": "string",
-                "enum": ["queued", "running", "completed", "failed", "cancelled", "expired"],
-            },
-            "class": {"type": "string", "enum": ["interactive", "bulk"]},
-            "model": {"type": "string"},
-            "custom_id": _NULLABLE_STRING,
-            "metadata": {"type": "object", "additionalProperties": {"type": "string"}},
-            "created_at": {"type": "number", "description": "Unix seconds."},
-            "deadline_at": _NULLABLE_UNIX_S,
-            "started_at": _NULLABLE_UNIX_S,
-            "finished_at": _NULLABLE_UNIX_S,
-            "attempts": {"type": "integer", "minimum": 0},
-            "response": {
-                "description": "The chat.completion, once the job has completed.",
-                "anyOf": [_ref("ChatCompletion"), {"type": "null"}],
-            },
-            "timings": {
-                "description": "Where the job's time went, once it has completed.",
-                "type": ["object", "null"],
-            },
-            "error": {
-                "description": "Why the job failed.",
-                "anyOf": [_ref("JobError"), {"type": "null"}],
-            },
-            "cancel": {
-                "description": "DELETE only: `cancelled`, `cancelling` (it was running and "
-                "stops shortly), or the terminal status it already had.",
-                "type": "string",
-            },
-        },
-    },
-    "JobError": {
-        "type": "object",
-        "required": ["code", "message"],
-        "properties": {"code": {"type": "string"}, "message": {"type": "string"}},
-    },
-    "JobList": {
-        "type": "object",
-        "required": ["object", "data", "has_more"],
-        "properties": {
-            "object": {"const": "list"},
-            "data": {"type": "array", "items": _ref("Job")},
-            "first_id": _NULLABLE_STRING,
-            "last_id": _NULLABLE_STRING,
-            "has_more": {"type": "boolean"},
-        },
-    },
-    "Model": {
-        "type": "object",
-        "required": ["id", "object", "created", "owned_by"],
-        "properties": {
-            "id": {"type": "string"},
-            "object": {"const": "model"},
-            "created": {"type": "integer", "description": "Unix seconds."},
-            "owned_by": {"type": "string"},
-        },
-    },
-    "ModelList": {
-        "type": "object",
-        "required": ["object", "data"],
-        "properties": {
-            "object": {"const": "list"},
-            "data": {"type": "array", "items": _ref("Model")},
-        },
-    },
-    "Envelope": {
-        "type": "object",
-        "description": "The operating envelope in force: limits derived from load sweeps.",
-        "additionalProperties": True,
-    },
-    "Readiness": {
-        "type": "object",
-        "required": ["ready"],
-        "properties": {
-            "ready": {"type": "boolean"},
-            "reasons": {"type": "array", "items": {"type": "string"}},
-        },
-    },
-    "Status": {
-        "type": "object",
-        "required": ["status"],
-        "properties": {"status": {"type": "string"}},
-        "additionalProperties": True,
-    },
-}
-
-_ERROR_CONTENT: Final = {"application/json": {"schema": _ref("Error")}}
-_RETRY_AFTER: Final = {"$ref": "#/components/headers/RetryAfter"}
-
-_ERROR_RESPONSES: Final[Mapping[str, Any]] = {
-    "BadRequest": {
-        "description": "Invalid request (`param` names the field).",
-        "content": _ERROR_CONTENT,
-    },
-    "Unauthorized": {"description": "Missing or invalid API key.", "content": _ERROR_CONTENT},
-    "Forbidden": {"description": "The key may not use this class.", "content": _ERROR_CONTENT},
-    "NotFound": {"description": "Unknown, or another tenant's.", "content": _ERROR_CONTENT},
-    "RequestTimeout": {
-        "description": "The body did not arrive within the read timeout.",
-        "content": _ERROR_CONTENT,
-    },
-    "PayloadTooLarge": {"description": "Body or prompt too long.", "content": _ERROR_CONTENT},
-    "TooManyRequests": {
-        "description": "Rate limit, full class queue, or a deadline that cannot be met.",
-        "headers": {"Retry-After": _RETRY_AFTER},
-        "content": _ERROR_CONTENT,
-    },
-    "ServiceUnavailable": {
-        "description": "Not ready, draining, or the queue store is down.",
-        "content": _ERROR_CONTENT,
-    },
-}
-
-_STATUS_RESPONSE_NAMES: Final[Mapping[str, str]] = {
-    "400": "BadRequest",
-    "401": "Unauthorized",
-    "403": "Forbidden",
-    "404": "NotFound",
-    "408": "RequestTimeout",
-    "413": "PayloadTooLarge",
-    "429": "TooManyRequests",
-    "503": "ServiceUnavailable",
-}
-
 # ---- operations -----------------------------------------------------------------------------
-
-
-def _errors(*statuses: str) -> dict[str, Any]:
-    return {status: {"$ref": _RESPONSES + _STATUS_RESPONSE_NAMES[status]} for status in statuses}
-
-
-def _json(description: str, schema_name: str) -> dict[str, Any]:
-    return {
-        "description": description,
-        "content": {"application/json": {"schema": _ref(schema_name)}},
-    }
 
 
 _CLASS_HEADER_PARAM: Final = {
@@ -381,17 +135,19 @@ def _paths() -> dict[str, Any]:
                 "parameters": [_CLASS_HEADER_PARAM],
                 "requestBody": {
                     "required": True,
-                    "content": {"application/json": {"schema": _ref("ChatCompletionRequest")}},
+                    "content": {
+                        "application/json": {"schema": schema_ref("ChatCompletionRequest")}
+                    },
                 },
                 "responses": {
                     "200": {
                         "description": "The completion, or its stream.",
                         "content": {
-                            "application/json": {"schema": _ref("ChatCompletion")},
+                            "application/json": {"schema": schema_ref("ChatCompletion")},
                             "text/event-stream": {"schema": {"type": "string", "description": sse}},
                         },
                     },
-                    **_errors(*_SUBMIT_ERRORS),
+                    **error_refs(*_SUBMIT_ERRORS),
                 },
             }
         },
@@ -399,7 +155,10 @@ def _paths() -> dict[str, Any]:
             "get": {
                 "operationId": "listModels",
                 "summary": "The models this gateway serves",
-                "responses": {"200": _json("The models.", "ModelList"), **_errors("401", "429")},
+                "responses": {
+                    "200": json_response("The models.", "ModelList"),
+                    **error_refs("401", "429"),
+                },
             }
         },
         "/v1/jobs": {
@@ -409,11 +168,11 @@ def _paths() -> dict[str, Any]:
                 "parameters": [_CLASS_HEADER_PARAM],
                 "requestBody": {
                     "required": True,
-                    "content": {"application/json": {"schema": _ref("JobCreateRequest")}},
+                    "content": {"application/json": {"schema": schema_ref("JobCreateRequest")}},
                 },
                 "responses": {
                     "202": {
-                        **_json("Queued.", "Job"),
+                        **json_response("Queued.", "Job"),
                         "headers": {
                             "Location": {
                                 "description": "The job's URL: /v1/jobs/{job_id}.",
@@ -421,7 +180,7 @@ def _paths() -> dict[str, Any]:
                             }
                         },
                     },
-                    **_errors(*_SUBMIT_ERRORS),
+                    **error_refs(*_SUBMIT_ERRORS),
                 },
             },
             "get": {
@@ -429,8 +188,8 @@ def _paths() -> dict[str, Any]:
                 "summary": "This tenant's jobs, a page at a time",
                 "parameters": _LIST_PARAMS,
                 "responses": {
-                    "200": _json("The jobs.", "JobList"),
-                    **_errors("400", "401", "429", "503"),
+                    "200": json_response("The jobs.", "JobList"),
+                    **error_refs("400", "401", "429", "503"),
                 },
             },
         },
@@ -440,16 +199,16 @@ def _paths() -> dict[str, Any]:
                 "operationId": "getJob",
                 "summary": "A job's status, and its result once completed",
                 "responses": {
-                    "200": _json("The job.", "Job"),
-                    **_errors("401", "404", "429", "503"),
+                    "200": json_response("The job.", "Job"),
+                    **error_refs("401", "404", "429", "503"),
                 },
             },
             "delete": {
                 "operationId": "cancelJob",
                 "summary": "Cancel a job (`cancel` in the reply says what happened)",
                 "responses": {
-                    "200": _json("The job.", "Job"),
-                    **_errors("401", "404", "429", "503"),
+                    "200": json_response("The job.", "Job"),
+                    **error_refs("401", "404", "429", "503"),
                 },
             },
         },
@@ -458,7 +217,7 @@ def _paths() -> dict[str, Any]:
                 "operationId": "getEnvelope",
                 "summary": "The operating envelope in force",
                 "security": _PUBLIC,
-                "responses": {"200": _json("The envelope.", "Envelope")},
+                "responses": {"200": json_response("The envelope.", "Envelope")},
             }
         },
         "/health": {
@@ -474,7 +233,7 @@ def _paths() -> dict[str, Any]:
                 "operationId": "healthz",
                 "summary": "Liveness: the process serves HTTP",
                 "security": _PUBLIC,
-                "responses": {"200": _json("Alive.", "Status")},
+                "responses": {"200": json_response("Alive.", "Status")},
             }
         },
         "/readyz": {
@@ -483,8 +242,8 @@ def _paths() -> dict[str, Any]:
                 "summary": "Readiness: engine loaded, queue store reachable, not draining",
                 "security": _PUBLIC,
                 "responses": {
-                    "200": _json("Ready.", "Readiness"),
-                    "503": _json("Not ready, with the reasons.", "Readiness"),
+                    "200": json_response("Ready.", "Readiness"),
+                    "503": json_response("Not ready, with the reasons.", "Readiness"),
                 },
             }
         },
@@ -518,8 +277,8 @@ def _paths() -> dict[str, Any]:
 
 
 def _all_paths() -> dict[str, Any]:
-    completions = completion_paths([_CLASS_HEADER_PARAM], _errors(*_SUBMIT_ERRORS))
-    resume = resume_paths(_errors("400", "401", "404", "429", "503"))
+    completions = completion_paths([_CLASS_HEADER_PARAM], error_refs(*_SUBMIT_ERRORS))
+    resume = resume_paths(error_refs("400", "401", "404", "429", "503"))
     return {**_paths(), **resume, **completions, **batch_paths()}
 
 
@@ -544,7 +303,7 @@ def build_openapi(
     _model_schema(CompletionRequest, schemas)
     _model_schema(JobCreateRequest, schemas)
     _model_schema(BatchCreateRequest, schemas)
-    for name, schema in {**_RESPONSE_SCHEMAS, **COMPLETION_SCHEMAS, **BATCH_SCHEMAS}.items():
+    for name, schema in {**RESPONSE_SCHEMAS, **COMPLETION_SCHEMAS, **BATCH_SCHEMAS}.items():
         if name in schemas:  # pragma: no cover - a programming error caught by the tests
             raise ValueError(f"schema name {name!r} is used twice")
         schemas[name] = copy.deepcopy(schema)
@@ -555,7 +314,7 @@ def build_openapi(
         "paths": _all_paths(),
         "components": {
             "schemas": schemas,
-            "responses": copy.deepcopy(dict(_ERROR_RESPONSES)),
+            "responses": copy.deepcopy(dict(ERROR_RESPONSES)),
             "headers": {
                 "RetryAfter": {
                     "description": "Seconds to wait before retrying (an integer).",

@@ -9,12 +9,12 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any, Final
 
+from gateway.http.openapi_responses import error_refs, json_response, schema_ref
+
 __all__ = ["BATCH_SCHEMAS", "JSONL_MEDIA_TYPE", "batch_paths"]
 
 JSONL_MEDIA_TYPE: Final = "application/jsonl"
 
-_SCHEMAS: Final = "#/components/schemas/"
-_RESPONSES: Final = "#/components/responses/"
 _UNIX_S: Final = {"type": "integer", "description": "Unix seconds."}
 _NULLABLE_UNIX_S: Final = {"type": ["integer", "null"], "description": "Unix seconds."}
 _NULLABLE_STRING: Final = {"type": ["string", "null"]}
@@ -30,17 +30,13 @@ _BATCH_STATUSES: Final = [
 ]
 
 
-def _ref(name: str) -> dict[str, str]:
-    return {"$ref": _SCHEMAS + name}
-
-
 def _list_of(item: str) -> dict[str, Any]:
     return {
         "type": "object",
         "required": ["object", "data", "first_id", "last_id", "has_more"],
         "properties": {
             "object": {"const": "list"},
-            "data": {"type": "array", "items": _ref(item)},
+            "data": {"type": "array", "items": schema_ref(item)},
             "first_id": _NULLABLE_STRING,
             "last_id": _NULLABLE_STRING,
             "has_more": {"type": "boolean"},
@@ -127,7 +123,7 @@ BATCH_SCHEMAS: Final[Mapping[str, Any]] = {
                         "type": "object",
                         "properties": {
                             "object": {"const": "list"},
-                            "data": {"type": "array", "items": _ref("BatchError")},
+                            "data": {"type": "array", "items": schema_ref("BatchError")},
                         },
                     },
                     {"type": "null"},
@@ -167,26 +163,6 @@ BATCH_SCHEMAS: Final[Mapping[str, Any]] = {
 }
 
 
-def _errors(*statuses: str) -> dict[str, Any]:
-    names = {
-        "400": "BadRequest",
-        "401": "Unauthorized",
-        "403": "Forbidden",
-        "404": "NotFound",
-        "413": "PayloadTooLarge",
-        "429": "TooManyRequests",
-        "503": "ServiceUnavailable",
-    }
-    return {status: {"$ref": _RESPONSES + names[status]} for status in statuses}
-
-
-def _json(description: str, schema_name: str) -> dict[str, Any]:
-    return {
-        "description": description,
-        "content": {"application/json": {"schema": _ref(schema_name)}},
-    }
-
-
 def _path_param(name: str) -> dict[str, Any]:
     return {"name": name, "in": "path", "required": True, "schema": {"type": "string"}}
 
@@ -211,7 +187,7 @@ def _list_params(max_limit: int, default: int) -> list[dict[str, Any]]:
 
 _CONFLICT: Final = {
     "description": "The batch is past the point where it can be cancelled.",
-    "content": {"application/json": {"schema": _ref("Error")}},
+    "content": {"application/json": {"schema": schema_ref("Error")}},
 }
 
 
@@ -225,7 +201,7 @@ def batch_paths() -> dict[str, Any]:
                     "required": True,
                     "content": {
                         "multipart/form-data": {
-                            "schema": _ref("FileUpload"),
+                            "schema": schema_ref("FileUpload"),
                             "encoding": {
                                 "file": {"contentType": JSONL_MEDIA_TYPE},
                                 "purpose": {"contentType": "text/plain"},
@@ -234,12 +210,12 @@ def batch_paths() -> dict[str, Any]:
                     },
                 },
                 "responses": {
-                    "200": _json("Stored.", "FileObject"),
+                    "200": json_response("Stored.", "FileObject"),
                     "411": {
                         "description": "No Content-Length.",
-                        "content": {"application/json": {"schema": _ref("Error")}},
+                        "content": {"application/json": {"schema": schema_ref("Error")}},
                     },
-                    **_errors("400", "401", "413", "429", "503"),
+                    **error_refs("400", "401", "413", "429", "503"),
                 },
             },
             "get": {
@@ -255,8 +231,8 @@ def batch_paths() -> dict[str, Any]:
                     },
                 ],  # fmt: skip
                 "responses": {
-                    "200": _json("The files.", "FileList"),
-                    **_errors("400", "401", "429", "503"),
+                    "200": json_response("The files.", "FileList"),
+                    **error_refs("400", "401", "429", "503"),
                 },
             },
         },
@@ -266,16 +242,16 @@ def batch_paths() -> dict[str, Any]:
                 "operationId": "retrieveFile",
                 "summary": "A file's metadata",
                 "responses": {
-                    "200": _json("The file.", "FileObject"),
-                    **_errors("401", "404", "429", "503"),
+                    "200": json_response("The file.", "FileObject"),
+                    **error_refs("401", "404", "429", "503"),
                 },
             },
             "delete": {
                 "operationId": "deleteFile",
                 "summary": "Delete a file",
                 "responses": {
-                    "200": _json("Deleted.", "FileDeleted"),
-                    **_errors("401", "404", "429", "503"),
+                    "200": json_response("Deleted.", "FileDeleted"),
+                    **error_refs("401", "404", "429", "503"),
                 },
             },
         },
@@ -289,7 +265,7 @@ def batch_paths() -> dict[str, Any]:
                         "description": "The bytes.",
                         "content": {"application/octet-stream": {"schema": {"type": "string"}}},
                     },
-                    **_errors("401", "404", "429", "503"),
+                    **error_refs("401", "404", "429", "503"),
                 },
             },
         },
@@ -299,11 +275,11 @@ def batch_paths() -> dict[str, Any]:
                 "summary": "Run an uploaded file's lines as bulk jobs, within a window",
                 "requestBody": {
                     "required": True,
-                    "content": {"application/json": {"schema": _ref("BatchCreateRequest")}},
+                    "content": {"application/json": {"schema": schema_ref("BatchCreateRequest")}},
                 },
                 "responses": {
-                    "200": _json("Created (or failed: no valid line).", "Batch"),
-                    **_errors("400", "401", "403", "404", "413", "429", "503"),
+                    "200": json_response("Created (or failed: no valid line).", "Batch"),
+                    **error_refs("400", "401", "403", "404", "413", "429", "503"),
                 },
             },
             "get": {
@@ -311,8 +287,8 @@ def batch_paths() -> dict[str, Any]:
                 "summary": "This tenant's batches, newest first",
                 "parameters": _list_params(100, 20),
                 "responses": {
-                    "200": _json("The batches.", "BatchList"),
-                    **_errors("400", "401", "429", "503"),
+                    "200": json_response("The batches.", "BatchList"),
+                    **error_refs("400", "401", "429", "503"),
                 },
             },
         },
@@ -322,8 +298,8 @@ def batch_paths() -> dict[str, Any]:
                 "operationId": "retrieveBatch",
                 "summary": "A batch's status and counts",
                 "responses": {
-                    "200": _json("The batch.", "Batch"),
-                    **_errors("401", "404", "429", "503"),
+                    "200": json_response("The batch.", "Batch"),
+                    **error_refs("401", "404", "429", "503"),
                 },
             },
         },
@@ -333,9 +309,9 @@ def batch_paths() -> dict[str, Any]:
                 "operationId": "cancelBatch",
                 "summary": "Cancel: finished lines are kept, the rest become error lines",
                 "responses": {
-                    "200": _json("Cancelling (or already cancelled).", "Batch"),
+                    "200": json_response("Cancelling (or already cancelled).", "Batch"),
                     "409": _CONFLICT,
-                    **_errors("401", "404", "429", "503"),
+                    **error_refs("401", "404", "429", "503"),
                 },
             },
         },

@@ -9,9 +9,10 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any, Final
 
+from gateway.http.openapi_responses import schema_ref
+
 __all__ = ["COMPLETION_SCHEMAS", "VLLM_EXTENSIONS_POLICY", "completion_paths"]
 
-_SCHEMAS: Final = "#/components/schemas/"
 _NULLABLE_STRING: Final = {"type": ["string", "null"]}
 
 # README's "vLLM request extensions" section, in short.
@@ -23,10 +24,6 @@ VLLM_EXTENSIONS_POLICY: Final = (
     "the field. None is accepted and ignored: every field that guidellm 0.8.1 and "
     "`vllm bench serve` 0.32 send is implemented."
 )
-
-
-def _ref(name: str) -> dict[str, str]:
-    return {"$ref": _SCHEMAS + name}
 
 
 def _choice(finish_reason: dict[str, Any]) -> dict[str, Any]:
@@ -60,7 +57,7 @@ COMPLETION_SCHEMAS: Final[Mapping[str, Any]] = {
                 "type": "array",
                 "items": _choice({"type": "string", "enum": ["stop", "length"]}),
             },
-            "usage": _ref("Usage"),
+            "usage": schema_ref("Usage"),
         },
     },
     "TextCompletionChunk": {
@@ -77,7 +74,7 @@ COMPLETION_SCHEMAS: Final[Mapping[str, Any]] = {
             "usage": {
                 "description": "With `include_usage`: null, or (continuous usage) the usage so "
                 "far; the usage chunk's is the request's.",
-                "anyOf": [_ref("Usage"), {"type": "null"}],
+                "anyOf": [schema_ref("Usage"), {"type": "null"}],
             },
         },
     },
@@ -104,13 +101,13 @@ def completion_paths(
                 "parameters": list(parameters),
                 "requestBody": {
                     "required": True,
-                    "content": {"application/json": {"schema": _ref("CompletionRequest")}},
+                    "content": {"application/json": {"schema": schema_ref("CompletionRequest")}},
                 },
                 "responses": {
                     "200": {
                         "description": "The completion, or its stream.",
                         "content": {
-                            "application/json": {"schema": _ref("TextCompletion")},
+                            "application/json": {"schema": schema_ref("TextCompletion")},
                             "text/event-stream": {"schema": {"type": "string", "description": sse}},
                         },
                     },

@@ -30,8 +30,8 @@ from gateway.dispatch.local_delivery import RESUMABLE_KEY
 from gateway.dispatch.stream_event import parse_event_id
 from gateway.dispatch.token_stream import TokenStreams
 from gateway.http.errors import APIError
-from gateway.http.generation_stream import TIMINGS_HEADER, SseAnswer, sse_response
 from gateway.http.routes_chat import ChatShape
+from gateway.http.sse import TIMINGS_HEADER, SseAnswer, sse_response
 from gateway.http.state import GatewayState
 from gateway.queue import JobStatus
 from gateway.queue.payload import JobPayload

@@ -12,16 +12,9 @@ from typing import Any, Final
 from pydantic import ValidationError
 
 from gateway.http.errors import APIError
-from gateway.http.schemas_chat import (
-    ChatCompletionRequest,
-    ChatMessage,
-    ParamError,
-    effective_max_tokens,
-    include_usage,
-    messages_as_dicts,
-    stop_list,
-)
+from gateway.http.schemas_chat import ChatCompletionRequest, ChatMessage, messages_as_dicts
 from gateway.http.schemas_jobs import JobCreateRequest, job_deadline_s, parse_completion_window_s
+from gateway.http.schemas_sampling import ParamError, effective_max_tokens, include_usage, stop_list
 
 __all__ = [
     "ChatCompletionRequest",

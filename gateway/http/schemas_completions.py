@@ -14,7 +14,7 @@ from typing import Annotated, Any
 from pydantic import BeforeValidator, Field, ValidationError, WithJsonSchema, field_validator
 
 from gateway.http.schemas import usage_body, validation_error_to_api_error
-from gateway.http.schemas_chat import (
+from gateway.http.schemas_sampling import (
     MAX_TOKENS_BOUND,
     ParamError,
     SamplingRequest,

@@ -7,13 +7,8 @@ from typing import Annotated, Any, Final
 
 from pydantic import ConfigDict, Field, WithJsonSchema, field_validator, model_validator
 
-from gateway.http.schemas_chat import (
-    CHAT_CROSS_FIELD_RULES,
-    ChatCompletionRequest,
-    ChatStreamOptions,
-    ParamError,
-    not_both,
-)
+from gateway.http.schemas_chat import ChatCompletionRequest, ChatStreamOptions
+from gateway.http.schemas_sampling import CHAT_CROSS_FIELD_RULES, ParamError, not_both
 
 __all__ = [
     "COMPLETION_WINDOW_PATTERN",

@@ -31,7 +31,8 @@ from gateway.dispatch.dispatcher import Dispatcher
 from gateway.dispatch.events import DispatchEvent, DispatchEventKind
 from gateway.dispatch.local_delivery import WATCHED_KEY
 from gateway.dispatch.retry import Backoff, retry_transient
-from gateway.dispatch.token_stream import DELTA, END, ERROR, StreamEvent, TokenStreams
+from gateway.dispatch.stream_event import DELTA, END, ERROR, StreamEvent
+from gateway.dispatch.token_stream import TokenStreams
 from gateway.queue import JobRecord, JobStatus, Keys, NewJob, QueueStore
 from gateway.queue.payload import JobPayload
 from policies.request_class import RequestClass

@@ -5,6 +5,9 @@ Real redis-server, real `mixgate serve` processes and a real engine on the tiny 
 commands are counted at the server (INFO commandstats, which counts the commands that Lua
 scripts run as well), and MONITOR, which lists the same commands and marks those that scripts
 run (`lua`), says which of them were the chat's and which were round trips.
+
+Over 400 lines on purpose: one concept (where a request's tokens travel) checked on every route
+against one reference engine and one command-counting set-up that the sections share.
 """
 
 from __future__ import annotations
@@ -35,7 +38,8 @@ from engine.process.async_engine import AsyncEngine
 from gateway.dispatch.config import DispatcherConfig
 from gateway.dispatch.dispatcher import Dispatcher
 from gateway.dispatch.local_delivery import WATCHED_KEY
-from gateway.dispatch.token_stream import DELTA, END, StreamEvent, TokenStreams
+from gateway.dispatch.stream_event import DELTA, END, StreamEvent
+from gateway.dispatch.token_stream import TokenStreams
 from gateway.queue import Keys, NewJob, QueueStore
 from gateway.queue.payload import JobPayload
 from policies.request_class import RequestClass
