@@ -1,15 +1,9 @@
 """The chat completion request body: messages, chat's stream options and response format, on
 top of what chat shares with legacy completions (schemas_sampling.py).
 
-Models are strict: ``"max_tokens": "5"`` is a type error as in OpenAI's API, not a silent cast.
-Unknown fields are rejected ("Unrecognized request argument supplied"), as OpenAI does, so a
-typo such as ``max_token`` is a 400 rather than a request that runs with the default. Fields that
-OpenAI defines but mixgate cannot honour accept only their neutral value (``n=1``, zero
-penalties, ``logprobs=false``, no tools) and reject anything else, never ignore it.
-
-The JSON schema of each model is the OpenAPI document's request body, so every rule the
-validators enforce is also written into the schema (``WithJsonSchema``, the model's ``allOf``):
-a client, or a fuzzer, that follows the document is never refused, and one that breaks it is.
+The rules every body model follows (strict types, unknown fields refused as OpenAI does,
+OpenAI's fields that mixgate cannot honour accepted only at their neutral value, every
+validator's rule written into the JSON schema) are schemas_sampling.py's.
 """
 
 from __future__ import annotations
