@@ -19,6 +19,13 @@ import torch.nn.functional as F
 UPCAST_CPU_DECODE = True
 
 
+def decode_attention_dtype(dtype: torch.dtype, device: torch.device) -> torch.dtype:
+    """The dtype decode attention runs in (and its mask is built in) for a cache of `dtype`."""
+    if UPCAST_CPU_DECODE and dtype != torch.float32 and device.type == "cpu":
+        return torch.float32
+    return dtype
+
+
 class AttentionBackend(Protocol):
     def attend(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         """q: [T, heads, d], k/v: [T, kv_heads, d] -> [T, heads, d]."""
@@ -48,8 +55,8 @@ class PrefillSpan:
     context_len: int
     # Block ids covering [0, context_len).
     block_table: torch.Tensor
-    # [chunk, context_len] causal mask over the whole context; None for a first chunk, whose
-    # own fresh K/V are the whole context (plain causal attention).
+    # [chunk, context_len] additive causal mask (0 or -inf) over the whole context; None for
+    # a first chunk, whose own fresh K/V are the whole context (plain causal attention).
     mask: torch.Tensor | None
 
 
@@ -62,7 +69,7 @@ class DecodeGroup:
     row_end: int
     # [rows, max_blocks] block tables, padded with block 0 (masked out).
     block_tables: torch.Tensor
-    # [rows, 1, 1, max_blocks * block_size]: True where a key position is valid.
+    # [rows, 1, 1, max_blocks * block_size]: 0 where a key position is valid, -inf elsewhere.
     mask: torch.Tensor
 
 
@@ -158,14 +165,16 @@ class PagedAttention:
         keys = k_buf.view(batch, -1, *k_cache.shape[2:]).transpose(1, 2)
         values = v_buf.view(batch, -1, *v_cache.shape[2:]).transpose(1, 2)
         queries = q.view(batch, -1, 1, q.shape[-1])
-        if UPCAST_CPU_DECODE and q.dtype != torch.float32 and q.device.type == "cpu":
+        if decode_attention_dtype(q.dtype, q.device) != q.dtype:
             # NOTE: torch 2.13's CPU SDPA kernel for bf16 single-token queries was the largest
             # part of a bf16 100m decode step (69% at B=32); over fp32 copies of the gathered
             # K/V it is 1.5x faster (B=32, 12 heads, 144 keys: 2.45 -> 1.63 ms) and no less
             # exact (the bf16 kernel accumulates in fp32 too).
             queries, keys, values = queries.float(), keys.float(), values.float()
+        # The mask was built in decode_attention_dtype; `.to` is a no-op unless a benchmark
+        # flipped UPCAST_CPU_DECODE after the metadata was built.
         out = F.scaled_dot_product_attention(
-            queries, keys, values, attn_mask=group.mask, enable_gqa=True
+            queries, keys, values, attn_mask=group.mask.to(queries.dtype), enable_gqa=True
         )
         return out.to(q.dtype).view(batch, -1, q.shape[-1])
 
@@ -185,12 +194,16 @@ class PagedAttention:
             keys = k_buf.flatten(0, 1)[: span.context_len]
             values = v_buf.flatten(0, 1)[: span.context_len]
             causal = False
+        # NOTE: 4-D (a batch of one), not 3-D: torch 2.13's CPU dispatcher sends 3-D inputs
+        # with a mask or GQA to the math kernel (bmm + softmax + isneginf checks over the
+        # whole [heads, chunk, context] score matrix): a 256-token chunk over 1,256 keys on the
+        # small preset took 11.5 ms a layer there, 2.5 ms in the flash kernel.
         out = F.scaled_dot_product_attention(
-            q.transpose(0, 1),
-            keys.transpose(0, 1),
-            values.transpose(0, 1),
+            q.transpose(0, 1).unsqueeze(0),
+            keys.transpose(0, 1).unsqueeze(0),
+            values.transpose(0, 1).unsqueeze(0),
             attn_mask=span.mask,
             is_causal=causal,
             enable_gqa=True,
         )
-        return out.transpose(0, 1)
+        return out.squeeze(0).transpose(0, 1)
