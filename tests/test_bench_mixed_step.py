@@ -1,0 +1,68 @@
+"""The mixed-step benchmark and vllm_throughput's prefill mode run and report what they claim."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from bench import vllm_throughput
+from bench.engine_bench_mixed import build_parser, run_mixed_step_bench
+
+
+def test_mixed_step_bench_times_each_part_and_splits_the_mixed_step(
+    tiny_model_dir: Path, tmp_path: Path
+) -> None:
+    out = tmp_path / "mixed.json"
+    args = build_parser().parse_args(
+        [
+            "--model", str(tiny_model_dir), "--threads", "1", "--decodes", "5",
+            "--context-range", "10,70", "--chunk-tokens", "24", "--chunk-start", "40",
+            "--rounds", "2", "--repeats", "1", "--profile", "--json", str(out),
+        ]
+    )  # fmt: skip
+    assert run_mixed_step_bench(args) == 0
+    result = json.loads(out.read_text())
+    steps = {row["step"]: row for row in result["rows"]}
+    assert set(steps) == {"mixed", "decodes only", "chunk only"}
+    assert steps["mixed"]["shape"]["decodes"] == 5
+    assert steps["chunk only"]["shape"]["decodes"] == 0
+    assert steps["decodes only"]["shape"]["prefill_chunk_tokens"] == 0
+    assert all(row["step_ms"] > 0 for row in steps.values())
+    shares = result["profile_ms"]
+    # Every part was seen by the profiler: the ranges wrap the code that runs.
+    for part in ("attention: SDPA", "attention: K/V gather", "linears (qkv, o, mlp, lm_head)"):
+        assert shares[part] > 0, part
+
+
+@pytest.mark.parametrize(
+    ("argv", "labels", "budget"),
+    [
+        (
+            ["--mode", "prefill", "--prefill-lengths", "512,2048"],
+            ["prefill-512", "prefill-2048"],
+            2048,
+        ),
+        (["--mode", "prefill", "--prefill-lengths", "100"], ["prefill-100"], 512),
+        ([], ["throughput"], 512),
+    ],
+)
+def test_vllm_throughput_prefill_mode_gives_both_engines_a_budget_of_the_longest_prompt(
+    argv: list[str], labels: list[str], budget: int
+) -> None:
+    parser = vllm_throughput.build_parser()
+    args = parser.parse_args(["--model", "unused", *argv])
+    assert [w.label for w in vllm_throughput.workloads(args)] == labels
+    config = vllm_throughput.engine_config(args)
+    assert config.step_token_budget == budget
+    longest = max(w.prompt_tokens + w.output_tokens for w in vllm_throughput.workloads(args))
+    assert config.max_model_len is not None and config.max_model_len > longest
+
+
+def test_prefill_rounds_draw_fresh_prompts() -> None:
+    # The same prompts in two rounds would be served from the prefix cache the second time.
+    first = vllm_throughput._requests("n-prefill-512-0", 2, 64, 1)
+    second = vllm_throughput._requests("n-prefill-512-1", 2, 64, 1)
+    assert first[0].prompt_token_ids != second[0].prompt_token_ids
+    assert first[0].prompt_token_ids != first[1].prompt_token_ids
