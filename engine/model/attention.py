@@ -142,15 +142,26 @@ class PagedAttention:
         self, k_cache: torch.Tensor, v_cache: torch.Tensor, blocks: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor]:
         # NOTE: index_select copies whole blocks (memcpy speed) into the reused buffers; the
-        # copy is the price of paging without a custom attention kernel. Measured against it
-        # (torch 2.13 CPU, 2 threads, one process, medians): flex_attention over the cache in
-        # place, compiled (dynamic shapes, ~7 s once) with a BlockMask made from the block
-        # tables (BlockMask.from_kv_blocks; create_block_mask costs 28-114 ms per call), is
-        # 1.4-1.55x faster on 100m shapes once rows x context >= ~6k (B=32 ctx 1000: 13.6 vs
-        # 19.8 ms per layer) but slower below (B=8 ctx 200: 0.90 vs 0.65 ms); eager flex is
-        # ~50x slower; inductor's CPU flex kernel failed to compile (CppCompileError) for the
-        # small preset's GQA shapes (8 heads / 4 kv heads, d 32). One index_select of a
-        # [blocks, 2, ...] K/V layout was slower (1.03 vs 0.67 ms: the K/V split copies).
+        # copy is the price of paging without a custom attention kernel (~20% of a
+        # chat-over-backlog step on the small preset: 30 decodes over 100-1,500 tokens and a
+        # 256-token chunk). Measured against it (torch 2.13 CPU, 2 threads, interleaved,
+        # medians, noisy shared machine):
+        # - flex_attention over the cache in place, compiled (dynamic shapes, 7-10 s once)
+        #   with a BlockMask from the block tables (BlockMask.from_kv_blocks; create_block_mask
+        #   costs 28-114 ms per call): 1.4-1.55x faster on 100m shapes once rows x context
+        #   >= ~6k (B=32 ctx 1000: 13.6 vs 19.8 ms per layer), slower below (B=8 ctx 200:
+        #   0.90 vs 0.65 ms); eager flex ~50x slower; inductor's CPU flex kernel failed to
+        #   compile (CppCompileError) for small's GQA shapes (8 heads / 4 kv heads, d 32).
+        # - decode as matmuls (q·K^T, softmax, ·V over the gathered [B, ctx] layout, GQA by
+        #   grouping q heads): 2.0-2.3x slower than SDPA's flash kernel on the same gather.
+        # - SDPA per sequence over views, as if each sequence's blocks were contiguous (the
+        #   upper bound of a block-contiguous allocator): 1.7 vs 3.7 ms a layer (small, 30
+        #   decodes) - but one call per sequence loses to one call per group at short contexts,
+        #   and contiguity needs a reserving allocator, which paging exists to avoid; one
+        #   exact packed gather + per-sequence calls was not a consistent win (small 0.64x,
+        #   100m 1.29x).
+        # - one index_select of a [blocks, 2, ...] K/V layout: slower (1.03 vs 0.67 ms: the
+        #   K/V split copies).
         k_buf, v_buf = self.buffers.take(blocks.shape[0], k_cache)
         torch.index_select(k_cache, 0, blocks, out=k_buf)
         torch.index_select(v_cache, 0, blocks, out=v_buf)

@@ -101,7 +101,8 @@ class ModelRunner:
         for group in _length_groups(block_counts):
             end = start + group
             max_blocks = block_counts[end - 1]  # ascending context: the last is the longest
-            tables = table.index_select(0, inputs.rows[start:end])[:, :max_blocks]
+            # Contiguous once per step: every layer's gather flattens it (a view, not a copy).
+            tables = table.index_select(0, inputs.rows[start:end])[:, :max_blocks].contiguous()
             key_pos = self.inputs.arange(max_blocks * size)
             lengths = inputs.context_lens[start:end]
             visible = key_pos.unsqueeze(0) < lengths.unsqueeze(1)
