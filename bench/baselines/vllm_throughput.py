@@ -114,6 +114,8 @@ def run_native(model: Path, config: EngineConfig, args: argparse.Namespace) -> d
     native_round(engine, _requests("warm", 4, 16, 4))
     result = {}
     for load in workloads(args):
+        # Untimed, one prompt of this length: first calls at a new row count build kernels.
+        native_round(engine, _requests(f"warm-{load.label}", 1, load.prompt_tokens, 1))
         rates = [
             native_round(
                 engine,
@@ -136,6 +138,7 @@ async def _vllm(model: Path, config: EngineConfig, args: argparse.Namespace) -> 
     try:
         await vllm_round(engine, _requests("warm", 4, 16, 4))
         for load in workloads(args):
+            await vllm_round(engine, _requests(f"warm-{load.label}", 1, load.prompt_tokens, 1))
             rates = []
             for k in range(args.rounds):
                 requests = _requests(
