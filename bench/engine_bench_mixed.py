@@ -29,7 +29,7 @@ import torch.nn.functional as F
 from torch.profiler import profile, record_function
 
 from bench.mixed_step import MixedStepShape, blocks_for, build_mixed_step
-from engine import attention
+from engine import attention, model_runner
 from engine.model_runner import ModelRunner
 from engine.prepacked_linear import PrepackedLinear
 from engine.scheduler_output import SchedulerOutput
@@ -172,6 +172,8 @@ def run_mixed_step_bench(args: argparse.Namespace) -> int:
     if args.threads is not None:
         torch.set_num_threads(args.threads)
     load_at_start = os.getloadavg()[0]
+    if args.decode_group_kb is not None:
+        model_runner.DECODE_GROUP_BYTES = (args.decode_group_kb << 10) or None
     shapes = _shapes(args)
     runner = _runner(args, shapes)
     rows = mixed_step_rows(runner, shapes, args.rounds, args.repeats)
@@ -182,6 +184,7 @@ def run_mixed_step_bench(args: argparse.Namespace) -> int:
         "torch": torch.__version__,
         "prepacked_linears": runner.prepacked,
         "upcast_cpu_decode": attention.UPCAST_CPU_DECODE,
+        "decode_group_bytes": model_runner.DECODE_GROUP_BYTES,
         "rows": rows,
     }
     for row in rows:
@@ -212,6 +215,12 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--rounds", type=int, default=7)
     parser.add_argument("--repeats", type=int, default=3, help="back-to-back steps per sample")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument(
+        "--decode-group-kb",
+        type=int,
+        default=None,
+        help="cap on one decode group's gathered K/V in KiB (0: no cap; default: the engine's)",
+    )
     parser.add_argument("--profile", action="store_true", help="split the mixed step by part")
     parser.add_argument("--json", default=None, help="write results here")
     return parser

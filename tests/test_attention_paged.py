@@ -16,6 +16,7 @@ import torch
 from torch.profiler import profile
 
 from bench.mixed_step import MixedStepShape, blocks_for, build_mixed_step
+from engine import model_runner
 from engine.attention import PagedAttention
 from engine.model_runner import ModelRunner
 from engine.scheduler_output import ScheduledChunk
@@ -109,6 +110,40 @@ def test_mixed_step_equals_dense_attention_over_scattered_blocks(tiny_model_dir:
     torch.testing.assert_close(out.double(), expected, atol=2e-5, rtol=1e-5)
 
 
+def test_cache_sized_decode_groups_give_the_same_attention(
+    tiny_model_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    runner = _runner(tiny_model_dir, num_blocks=400)
+    chunks = _mixed_step(runner)
+    # A cap of a few blocks' K/V: most decodes get a group of their own.
+    monkeypatch.setattr(model_runner, "DECODE_GROUP_BYTES", 8 << 10)
+    q, out = _attend(runner, chunks)
+    with torch.inference_mode():
+        groups = runner._metadata(chunks, runner.inputs.build(chunks)).decodes
+    block_bytes = 2 * runner.kv_cache[0, 0, 0].numel() * runner.kv_cache.element_size()
+    for group in groups:
+        rows, blocks = group.block_tables.shape
+        assert rows == 1 or rows * blocks * block_bytes <= 8 << 10
+    assert len(groups) >= 5
+    expected = _reference(q, runner.kv_cache[0, 0], runner.kv_cache[0, 1], chunks)
+    torch.testing.assert_close(out.double(), expected, atol=2e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize(
+    ("counts", "cap_blocks", "sizes"),
+    [
+        ([1, 1, 2, 2, 3, 9, 9, 10], None, [4, 1, 3]),  # by length only (1.5x + 1)
+        ([1, 1, 2, 2, 3, 9, 9, 10], 4, [2, 2, 1, 1, 1, 1]),  # and rows x longest <= 4 blocks
+        ([50], 4, [1]),  # one sequence over the cap still gets its group
+    ],
+)
+def test_length_groups_close_on_length_and_on_gathered_bytes(
+    counts: list[int], cap_blocks: int | None, sizes: list[int]
+) -> None:
+    cap = None if cap_blocks is None else cap_blocks * 1000
+    assert model_runner.length_groups(counts, 1000, cap) == sizes
+
+
 def test_masks_are_built_once_per_step_as_additive_floats(tiny_model_dir: Path) -> None:
     runner = _runner(tiny_model_dir, num_blocks=400)
     chunks = _mixed_step(runner)
@@ -136,3 +171,19 @@ def test_prefill_attention_runs_the_flash_kernel_not_the_math_one(
     kernels = {e.key for e in prof.key_averages() if "scaled_dot_product_" in e.key}
     assert "aten::_scaled_dot_product_attention_math" not in kernels, kernels
     assert "aten::_scaled_dot_product_flash_attention_for_cpu" in kernels, kernels
+
+
+@pytest.mark.parametrize(("chunk_tokens", "num_kv_blocks", "block_size"), [(13, 24, 8)])
+def test_engine_stays_exact_with_a_decode_group_per_sequence(
+    tiny_model_dir: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    chunk_tokens: int,
+    num_kv_blocks: int,
+    block_size: int,
+) -> None:
+    # The tiny model's blocks are far below the real cap: a 1-byte cap puts every decode in
+    # its own group, through the whole engine (chunking, preemption, prefix sharing).
+    from tests.test_engine_exactness import test_greedy_matches_dense_reference
+
+    monkeypatch.setattr(model_runner, "DECODE_GROUP_BYTES", 1)
+    test_greedy_matches_dense_reference(tiny_model_dir, chunk_tokens, num_kv_blocks, block_size)
