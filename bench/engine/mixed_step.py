@@ -13,12 +13,12 @@ import random
 from collections import OrderedDict
 from dataclasses import dataclass
 
-from engine.block_manager import BlockManager
-from engine.model_runner import ModelRunner
-from engine.request import RequestMetrics
-from engine.sampling_params import SamplingParams
-from engine.scheduler_output import ScheduledChunk, SchedulerOutput
-from engine.sequence import Sequence, SequenceStatus
+from engine.core.block_manager import BlockManager
+from engine.core.request import RequestMetrics
+from engine.core.sampling_params import SamplingParams
+from engine.core.scheduler_output import ScheduledChunk, SchedulerOutput
+from engine.core.sequence import Sequence, SequenceStatus
+from engine.model.runner import ModelRunner
 from policies.request_class import RequestClass
 
 

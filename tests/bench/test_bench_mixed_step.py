@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from bench import vllm_throughput
-from bench.engine_bench_mixed import build_parser, run_mixed_step_bench
+from bench.baselines import vllm_throughput
+from bench.engine.mixed import build_parser, run_mixed_step_bench
 
 
 def test_mixed_step_bench_times_each_part_and_splits_the_mixed_step(

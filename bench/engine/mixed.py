@@ -1,9 +1,9 @@
 """The mixed long-context step: decodes over long contexts beside a prefill chunk, timed and split.
 
-    python -m bench.engine_bench_mixed --model DIR --threads 2 [--profile] [--json OUT]
+    python -m bench.engine.mixed --model DIR --threads 2 [--profile] [--json OUT]
 
 Under chat-over-backlog the step that sets chat ITL is ~30 decodes over 100-1,500-token
-contexts plus a 256-token bulk chunk at position ~1,000 (`bench.mixed_step`); `mixgate bench
+contexts plus a 256-token bulk chunk at position ~1,000 (`bench.engine.mixed_step`); `mixgate bench
 engine` times only short-context pure decodes. This times three steps over one ModelRunner's
 paged cache, interleaved round by round (mixed, its decodes alone, its chunk alone), so a
 before/after on a quiet machine sees the mixed step and what it is made of. `--profile` adds
@@ -28,12 +28,13 @@ import torch
 import torch.nn.functional as F
 from torch.profiler import profile, record_function
 
-from bench.mixed_step import MixedStepShape, blocks_for, build_mixed_step
-from engine import attention, model_runner
-from engine.model_runner import ModelRunner
-from engine.prepacked_linear import PrepackedLinear
-from engine.scheduler_output import SchedulerOutput
-from engine.weights import DTYPES, load_model
+from bench.engine.mixed_step import MixedStepShape, blocks_for, build_mixed_step
+from engine.core.scheduler_output import SchedulerOutput
+from engine.model import attention
+from engine.model import runner as model_runner
+from engine.model.prepacked_linear import PrepackedLinear
+from engine.model.runner import ModelRunner
+from engine.model.weights import DTYPES, load_model
 
 __all__ = ["mixed_step_rows", "profile_shares", "run_mixed_step_bench"]
 

@@ -15,12 +15,12 @@ import pytest
 import torch
 from torch.profiler import profile
 
-from bench.mixed_step import MixedStepShape, blocks_for, build_mixed_step
-from engine import model_runner
-from engine.attention import PagedAttention
-from engine.model_runner import ModelRunner
-from engine.scheduler_output import ScheduledChunk
-from engine.weights import load_model
+from bench.engine.mixed_step import MixedStepShape, blocks_for, build_mixed_step
+from engine.core.scheduler_output import ScheduledChunk
+from engine.model import runner as model_runner
+from engine.model.attention import PagedAttention
+from engine.model.runner import ModelRunner
+from engine.model.weights import load_model
 
 BLOCK_SIZE = 4
 
@@ -183,7 +183,7 @@ def test_engine_stays_exact_with_a_decode_group_per_sequence(
 ) -> None:
     # The tiny model's blocks are far below the real cap: a 1-byte cap puts every decode in
     # its own group, through the whole engine (chunking, preemption, prefix sharing).
-    from tests.test_engine_exactness import test_greedy_matches_dense_reference
+    from tests.engine.test_engine_exactness import test_greedy_matches_dense_reference
 
     monkeypatch.setattr(model_runner, "DECODE_GROUP_BYTES", 1)
     test_greedy_matches_dense_reference(tiny_model_dir, chunk_tokens, num_kv_blocks, block_size)
