@@ -88,7 +88,10 @@ async def _drive(
             super().__init__(*args, **kwargs)
             senders.append(self)
 
-    result = await run_load(url, workload, model=model, drain_s=drain_s, sender_class=_Kept)
+    # NOTE: chat_process=False: the extras are read from this process's sender instance.
+    result = await run_load(
+        url, workload, model=model, drain_s=drain_s, sender_class=_Kept, chat_process=False
+    )
     return result, senders[0]
 
 

@@ -7,10 +7,11 @@ clock and sleep, so tests run the whole schedule on a virtual clock without slee
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable, Coroutine
+from collections.abc import Awaitable, Callable, Coroutine, Iterable
 from typing import Any
 
 from bench.load.workload import ClosedLoopSource, PlannedRequest, Workload, plan_open_loop
+from policies.request_class import RequestClass
 
 __all__ = ["LoadDriver", "Send", "sample_loop"]
 
@@ -20,7 +21,12 @@ Send = Callable[[PlannedRequest], Coroutine[Any, Any, float]]
 
 
 class LoadDriver:
-    """Runs a workload's schedule against `send`, all times relative to `t0` on `clock`."""
+    """Runs a workload's schedule against `send`, all times relative to `t0` on `clock`.
+
+    `classes`: only these classes' requests (None: all). Each class keeps exactly the requests
+    (indexes, times, sizes) it has in the whole workload, so the classes can be driven from
+    separate processes on one shared t0 and still make the one seeded load.
+    """
 
     def __init__(
         self,
@@ -30,13 +36,15 @@ class LoadDriver:
         clock: Callable[[], float],
         sleep: Callable[[float], Awaitable[None]],
         t0: float,
+        classes: Iterable[RequestClass] | None = None,
     ) -> None:
         self.workload = workload
+        self.classes = frozenset(workload.classes if classes is None else classes)
         self._send = send
         self._clock = clock
         self._sleep = sleep
         self.t0 = t0
-        self.plan = plan_open_loop(workload)
+        self.plan = [req for req in plan_open_loop(workload) if req.request_class in self.classes]
         # Every request handed to `send` (open- and closed-loop), in send order.
         self.issued: list[PlannedRequest] = []
         self._tasks: set[asyncio.Task[Any]] = set()
@@ -73,7 +81,7 @@ class LoadDriver:
         """Send everything the workload plans; returns at duration_s, once the last open-loop
         request is sent (requests and closed-loop clients may still be in flight: drain)."""
         for cls, load in self.workload.classes.items():
-            if load.arrival.kind == "closed":
+            if load.arrival.kind == "closed" and cls in self.classes:
                 # One source per class: the clients share its deterministic sequence.
                 source = ClosedLoopSource(self.workload, cls)
                 for _ in range(load.arrival.concurrency):

@@ -11,6 +11,7 @@ from typing import Any, Protocol
 
 import httpx
 
+from bench.load.client import LoadClient
 from bench.load.jobs import JobWatcher
 from bench.load.records import CANCELLED, ERROR, EXPIRED, INCOMPLETE, OK, REJECTED, RequestRecord
 from bench.load.workload import PlannedRequest, prompt_messages, request_rng
@@ -99,7 +100,7 @@ class HttpSender:
 
     def __init__(
         self,
-        client: httpx.AsyncClient,
+        client: LoadClient,
         recorder: Recorder,
         *,
         model: str,

@@ -14,13 +14,15 @@ from typing import Any
 
 import httpx
 
+from bench.load.client import LoadClient
+
 PAGE_LIMIT = 100
 Job = dict[str, Any]
 
 
 class JobWatcher:
     def __init__(
-        self, client: httpx.AsyncClient, sleep: Callable[[float], Awaitable[None]], poll_s: float
+        self, client: LoadClient, sleep: Callable[[float], Awaitable[None]], poll_s: float
     ) -> None:
         self._client = client
         self._sleep = sleep
