@@ -22,7 +22,7 @@ from tests.dependencies import missing_dependency
 
 ROOT = Path(__file__).resolve().parents[2]
 VLLM_PYTHON = ROOT / ".venv-vllm" / "bin" / "python"
-INSIDE_TESTS = 7
+INSIDE_TESTS = 8
 
 
 def test_engine_vllm_without_vllm_exits_at_start_with_the_install_hint(tmp_path: Path) -> None:

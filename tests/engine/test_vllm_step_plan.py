@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from engine.backends.vllm.args import engine_kwargs
-from engine.backends.vllm.step_plan import StepKnobs, WorkItem, compose_step
+from engine.backends.vllm.step_plan import StepKnobs, WorkItem, admission_limit, compose_step
 from engine.core.config import EngineConfig
 from policies.request_class import RequestClass
 
@@ -122,9 +122,38 @@ def test_the_envelope_maps_onto_vllm_arguments(policy: str, tmp_path: object) ->
         scheduling_policy=policy,
     )
     kwargs = engine_kwargs(tmp_path, config, max_model_len=512)  # type: ignore[arg-type]
-    assert kwargs["max_num_seqs"] == 8
+    if policy == "mixgate":
+        # Admission capped at the envelope's slots; runner room for interactive overcommit.
+        assert kwargs["max_num_active_seqs"] == 8
+        assert kwargs["max_num_seqs"] == 16
+    else:
+        assert kwargs["max_num_seqs"] == 8
+        assert "max_num_active_seqs" not in kwargs
     assert kwargs["max_num_batched_tokens"] == 96
     assert kwargs["long_prefill_token_threshold"] == 24
     assert kwargs["kv_cache_memory_bytes"] == 1 << 24
     assert kwargs["scheduling_policy"] == ("fcfs" if policy == "fcfs" else "priority")
     assert ("scheduler_cls" in kwargs) is (policy == "mixgate")
+
+
+def test_waiting_chats_raise_the_admission_cap_and_bulk_never_does() -> None:
+    def limit(in_use: int, waiting_interactive: int) -> int:
+        return admission_limit(
+            slots_in_use=in_use,
+            waiting_interactive=waiting_interactive,
+            max_active_seqs=32,
+            runner_slots=64,
+        )
+
+    # Nobody waits for a chat: the envelope's cap, as before.
+    assert limit(10, 0) == 32
+    assert limit(32, 0) == 32
+    # Every slot taken by bulk: three waiting chats all get in (vLLM admits them first).
+    assert limit(32, 3) == 35
+    # Overcommitted: no room for bulk (the cap is what RUNNING already holds) ...
+    assert limit(35, 0) == 35
+    # ... and under the cap, a chat takes a free slot without raising it.
+    assert limit(30, 2) == 32
+    assert limit(30, 5) == 35
+    # Never past the runner's slots.
+    assert limit(62, 5) == 64

@@ -202,3 +202,35 @@ async def test_vllm_extensions_give_the_native_engines_tokens(
         assert [t for out in outputs for t in out.new_token_ids] == expected[name], name
     assert len(expected["min_tokens"]) >= 4
     assert first not in expected["min_tokens"][:4]
+
+
+async def test_a_chat_gets_in_while_bulk_holds_every_slot(engine: VllmAsyncEngine) -> None:
+    """vLLM never preempts to admit, so with bulk in every slot a chat used to wait for one to
+    finish. Bulk runs long outputs here; the chat's first token must come while all of them
+    still run (each then ends as aborted, none by its length)."""
+    long_tokens = 900
+    bulk = [
+        engine.generate(request(f"slot{k}", (k + 3, k + 9, 17), long_tokens, RequestClass.BULK))
+        for k in range(CONFIG.max_active_seqs)
+    ]
+    try:
+        # Every bulk request is decoding: it holds its slot.
+        for gen in bulk:
+            assert not (await gen.__anext__()).finished
+        chat = engine.generate(request("over", tuple(range(1, 9)), 4, RequestClass.INTERACTIVE))
+        first = await chat.__anext__()
+        assert first.new_token_ids
+        for k in range(CONFIG.max_active_seqs):
+            engine.abort(f"slot{k}")
+        reasons = []
+        for gen in bulk:
+            outputs = [out async for out in gen]
+            reasons.append(outputs[-1].finish_reason if outputs else "abort")
+        assert reasons == ["abort"] * CONFIG.max_active_seqs
+        rest = [out async for out in chat]
+        assert rest[-1].finished and rest[-1].finish_reason == "length"
+    finally:
+        for k in range(CONFIG.max_active_seqs):
+            engine.abort(f"slot{k}")
+        for gen in bulk:
+            await gen.aclose()

@@ -4,7 +4,8 @@ Pure mapping (no vLLM import) so it is tested without vLLM installed:
 
 | mixgate (EngineConfig)        | vLLM (AsyncEngineArgs)                                   |
 |-------------------------------|----------------------------------------------------------|
-| max_active_seqs               | max_num_seqs                                             |
+| max_active_seqs               | max_num_seqs (mixgate: max_num_active_seqs, and twice as |
+|                               | many runner slots for interactive overcommit)            |
 | step_token_budget             | max_num_batched_tokens (chunked prefill on)              |
 | bulk_prefill_chunk_tokens     | long_prefill_token_threshold (vLLM caps every request's  |
 |                               | chunk; the class-aware scheduler caps bulk per step)     |
@@ -102,6 +103,10 @@ def engine_kwargs(model_dir: Path, config: EngineConfig, max_model_len: int) -> 
     }
     if policy == "mixgate":
         kwargs["scheduler_cls"] = SCHEDULER_CLS
+        # The envelope's slots cap admission; the runner has room for as many again, which
+        # only interactive requests use (engine.backends.vllm.step_plan.admission_limit).
+        kwargs["max_num_active_seqs"] = config.max_active_seqs
+        kwargs["max_num_seqs"] = 2 * config.max_active_seqs
         kwargs["additional_config"] = {
             "mixgate": {
                 "step_token_budget": config.step_token_budget,

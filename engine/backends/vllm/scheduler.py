@@ -6,8 +6,10 @@ hooks for per-class budgets, so this subclass does not re-implement it: before e
 budget, all as `engine.backends.vllm.step_plan.compose_step` says; then it calls the real
 `schedule()` and puts everything back. Preemption, prefix caching, KV allocation and the priority
 queue of waiting requests are vLLM's own (the class is the request's priority: interactive 0, bulk
-1).
-
+1). vLLM runs with twice the envelope's slots (`max_num_seqs`) and the envelope's own as its
+admission cap (`max_num_active_seqs`); each step the cap rises by the interactive requests waiting
+(`engine.backends.vllm.step_plan.admission_limit`), so a chat never waits for a bulk request to
+finish.
 
 The knobs come from `additional_config["mixgate"]` (see `engine.backends.vllm.args`). Import this
 only where vLLM is installed.
@@ -20,7 +22,7 @@ from typing import Any
 
 from vllm.v1.core.sched.scheduler import Scheduler
 
-from engine.backends.vllm.step_plan import StepKnobs, WorkItem, compose_step
+from engine.backends.vllm.step_plan import StepKnobs, WorkItem, admission_limit, compose_step
 from policies.request_class import RequestClass
 
 __all__ = ["ClassAwareScheduler", "knobs_from_config"]
@@ -85,7 +87,13 @@ class ClassAwareScheduler(Scheduler):  # type: ignore[misc]
         self.running = [running[i] for i in plan.running_order]
         self.max_num_scheduled_tokens = min(saved[0], plan.token_budget)
         self.max_num_running_reqs = saved[1] - len(held)
-        self.max_num_active_reqs = saved[2] - len(held)
+        limit = admission_limit(
+            slots_in_use=len(running),
+            waiting_interactive=sum(w.request_class is RequestClass.INTERACTIVE for w in waiting),
+            max_active_seqs=saved[2],
+            runner_slots=saved[1],
+        )
+        self.max_num_active_reqs = limit - len(held)
         try:
             return super().schedule(*args, **kwargs)
         finally:
