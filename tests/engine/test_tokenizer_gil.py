@@ -14,7 +14,7 @@ import threading
 import time
 from pathlib import Path
 
-from engine.tokenizer import Tokenizer
+from engine.text.tokenizer import Tokenizer
 
 
 def test_encode_releases_the_gil_while_it_works(tiny_model_dir: Path) -> None:
