@@ -125,6 +125,22 @@ def test_picks_the_largest_load_meeting_the_slo_with_headroom() -> None:
     assert env.interactive_ttft_target_s == 0.5
 
 
+def test_ties_on_load_go_to_the_most_room_under_the_slo() -> None:
+    # Every point serves the offered load in full, so tokens/s differ only by noise: the one
+    # with the lowest latency against its bounds wins, even with a hair fewer tokens/s.
+    tied = [
+        _point(2.0, LARGE, ttft=0.45, bulk_tps=100.5),
+        _point(2.0, SMALL, ttft=0.1, bulk_tps=100.0),
+        _point(2.0, MEDIUM, ttft=0.3, bulk_tps=100.2),
+    ]
+    derivation = derive_envelope(tied, _slo(), Envelope.default(), 0.2, "mixed", CREATED_AT)
+    assert derivation.chosen.knobs == SMALL
+    # The larger load still wins over room to spare.
+    more_load = [*tied, _point(3.0, LARGE, ttft=0.45)]
+    derivation = derive_envelope(more_load, _slo(), Envelope.default(), 0.2, "mixed", CREATED_AT)
+    assert derivation.chosen.knobs == LARGE
+
+
 def test_rejected_points_carry_their_reasons() -> None:
     derivation = derive_envelope(RECORDED, _slo(), Envelope.default(), 0.2, "mixed", CREATED_AT)
     reasons = {(p.offered_load, p.knobs): r for p, r in derivation.rejected}
