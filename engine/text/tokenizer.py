@@ -31,6 +31,11 @@ _NAMED_SPECIAL_TOKENS = (
 )
 
 
+# Prompts at least this long are tokenized with the GIL released (Tokenizer.encode): ~0.2 us a
+# character here, so below it an encode holds the GIL for under a millisecond.
+GIL_RELEASE_MIN_CHARS = 4096
+
+
 def _read_json(path: Path) -> dict[str, Any]:
     if not path.is_file():
         return {}
@@ -167,14 +172,19 @@ class Tokenizer:
         )
 
     def encode(self, text: str, add_special_tokens: bool = False) -> list[int]:
-        # NOTE: encode_batch, not encode: tokenizers' encode keeps the GIL for the whole Rust
-        # call, encode_batch releases it. The gateway tokenizes job prompts on worker threads
-        # so that a burst of submissions does not hold its event loop; with encode those
-        # threads held the GIL anyway, and the loop's tick went from 0.6 ms to ~15 ms (p99
-        # 30-45 ms) while two of them ran (helper's measurement, noisy). Same ids, same cost.
-        ids: list[int] = self._tokenizer.encode_batch(
-            [text], add_special_tokens=add_special_tokens
-        )[0].ids
+        # NOTE: tokenizers' encode keeps the GIL for the whole Rust call, encode_batch releases
+        # it. A long prompt goes through encode_batch, so that the gateway's tokenize threads
+        # do not hold its event loop for milliseconds (with encode, two threads on long prompts
+        # took the loop's tick from 0.6 ms to ~15 ms, helper's measurement). A short one keeps
+        # encode: it holds the GIL for well under a millisecond, and releasing it costs a
+        # re-acquire that can wait a whole switch interval behind a busy event loop, which
+        # halved job submissions/s (`mixgate bench gateway`, quiet: 3,716 -> 1,497).
+        if len(text) >= GIL_RELEASE_MIN_CHARS:
+            ids: list[int] = self._tokenizer.encode_batch(
+                [text], add_special_tokens=add_special_tokens
+            )[0].ids
+        else:
+            ids = self._tokenizer.encode(text, add_special_tokens=add_special_tokens).ids
         bos = self.bos_token_id
         # The folder's post-processor may already add BOS (Llama 3); add it only when missing.
         if add_special_tokens and self.add_bos_token and bos is not None and ids[:1] != [bos]:

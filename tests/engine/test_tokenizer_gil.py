@@ -14,7 +14,7 @@ import threading
 import time
 from pathlib import Path
 
-from engine.text.tokenizer import Tokenizer
+from engine.text.tokenizer import GIL_RELEASE_MIN_CHARS, Tokenizer
 
 
 def test_encode_releases_the_gil_while_it_works(tiny_model_dir: Path) -> None:
@@ -49,3 +49,18 @@ def test_encode_releases_the_gil_while_it_works(tiny_model_dir: Path) -> None:
     # And the ids are the same as a plain encode's.
     assert len(ids) == len(tokenizer.encode(text)) > 0
     assert tokenizer.encode("queue token") == expected
+
+
+def test_short_and_long_prompts_get_the_same_ids_either_way(tiny_model_dir: Path) -> None:
+    # Below GIL_RELEASE_MIN_CHARS encode keeps the GIL (no re-acquire behind a busy loop),
+    # from it on it releases it: the ids must not depend on which path a prompt took.
+    tokenizer = Tokenizer.from_pretrained(tiny_model_dir)
+    unit = "queue token batch model cache block prefill decode stream. "
+    long_text = unit * (GIL_RELEASE_MIN_CHARS // len(unit) + 1)
+    short_text = long_text[: GIL_RELEASE_MIN_CHARS - 1]
+    assert len(short_text) < GIL_RELEASE_MIN_CHARS <= len(long_text)
+    for text in (short_text, long_text):
+        batch_ids = tokenizer._tokenizer.encode_batch([text], add_special_tokens=False)[0].ids
+        assert tokenizer.encode(text) == batch_ids
+    # A long prompt's ids are its halves' ids where the cut falls on a token boundary.
+    assert tokenizer.encode(unit * 100) == tokenizer.encode(unit * 50) * 2
