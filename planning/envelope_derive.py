@@ -223,10 +223,8 @@ class Derivation:
 
 
 def slo_fraction_used(point: SweepPoint, targets: Sequence[SloTarget]) -> float:
-    """How close ``point`` comes to its tightest latency target: the largest measured / bound
-    (1.0 at the bound; lower is more room). Completion floors are pass/fail and left out: a
-    passing point completes all but a sliver, so bound / measured would sit near 1 for every
-    point and drown the latencies."""
+    """The tightest latency target's measured / bound (1.0 at the bound; lower: more room).
+    Completion floors are pass/fail (a passing point completes all but a sliver), left out."""
     fractions = []
     for target in targets:
         if target.metric == COMPLETION_METRIC:
@@ -366,11 +364,9 @@ def derive_envelope(
     chosen = points[
         max(
             best.values(),
-            # Ties on load: the most room under the SLO, then more tokens/s, then the earlier
-            # point (stable, reproducible). NOTE: at an open-loop load that every tied point
-            # serves in full, tokens/s is the offered load itself, so ordering by it alone
-            # picked by noise (a 512-token bulk chunk over 128 by 408.5 vs 408.3 tokens/s,
-            # with chat ITL p99 68 vs 36 ms).
+            # Ties on load: the most room under the SLO, then tokens/s (alone it picked by noise:
+            # at a load every tied point serves in full, tokens/s is the offered load), then the
+            # earlier point (stable, reproducible).
             key=lambda i: (
                 points[i].offered_load,
                 -slo_fraction_used(points[i], targets),
