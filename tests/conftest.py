@@ -80,3 +80,21 @@ def live_server(
     proc = ServerProcess(tiny_model_dir, redis_server, prefix, data_dir).start()
     yield proc
     assert proc.stop() == 0, proc.logs()
+
+
+# ---- the vLLM environment's suite, started early ---------------------------------------------
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    # The inside suite is a minute of vLLM start-up in another process: begin it now, so that it
+    # runs beside the rest of the suite (tests/engine/test_vllm_backend.py waits for it).
+    from tests.engine.test_vllm_backend import INSIDE_TEST_NAME, start_inside_suite
+
+    if any(item.name == INSIDE_TEST_NAME for item in session.items):
+        start_inside_suite()
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    from tests.engine.test_vllm_backend import stop_inside_suite
+
+    stop_inside_suite()
