@@ -34,6 +34,7 @@ __all__ = [
     "role_delta",
     "stop_list",
     "usage_body",
+    "usage_chunk",
     "validation_error_to_api_error",
 ]
 
@@ -334,12 +335,19 @@ def chat_chunk_body(
     if usage is not None:
         if delta or finish_reason is not None:
             raise ValueError("the usage chunk carries no delta and no finish_reason")
-        body["choices"] = []
-        body["usage"] = usage_body(usage)
-        return body
+        return usage_chunk(body, usage)
     body["choices"] = [
         {"index": 0, "delta": dict(delta), "logprobs": None, "finish_reason": finish_reason}
     ]
     if include_usage:
         body["usage"] = None
     return body
+
+
+def usage_chunk(envelope: dict[str, Any], usage: Mapping[str, int]) -> dict[str, Any]:
+    """The stream's last chunk with ``stream_options.include_usage``: ``envelope`` (the id,
+    object, created, model fields of the stream's chunks) with no choices and the usage, as
+    OpenAI sends it for chat and legacy completions alike."""
+    envelope["choices"] = []
+    envelope["usage"] = usage_body(usage)
+    return envelope

@@ -13,7 +13,7 @@ from typing import Annotated, Any
 
 from pydantic import BeforeValidator, Field, ValidationError, WithJsonSchema, field_validator
 
-from gateway.http.schemas import usage_body, validation_error_to_api_error
+from gateway.http.schemas import usage_body, usage_chunk, validation_error_to_api_error
 from gateway.http.schemas_sampling import (
     MAX_TOKENS_BOUND,
     ParamError,
@@ -133,8 +133,6 @@ def completion_chunk_body(
     if usage is not None:
         if text or finish_reason is not None:
             raise ValueError("the usage chunk carries no text and no finish_reason")
-        body["choices"] = []
-        body["usage"] = usage_body(usage)
-        return body
+        return usage_chunk(body, usage)
     body["choices"] = [_choice(text, finish_reason)]
     return body

@@ -51,29 +51,44 @@ def first_divergence_is_near_tie(
     return True, "identical"
 
 
-@pytest.mark.parametrize(
-    ("chunk_tokens", "num_kv_blocks", "block_size"),
-    [(7, 40, 4), (13, 24, 8), (64, 200, 16)],
-)
-def test_greedy_matches_dense_reference(
-    tiny_model_dir: Path, chunk_tokens: int, num_kv_blocks: int, block_size: int
-) -> None:
+def exactness_engine(
+    model_dir: Path,
+    chunk_tokens: int,
+    num_kv_blocks: int,
+    block_size: int,
+    dtype: str,
+    *,
+    enable_prefix_caching: bool = False,
+) -> LLMEngine:
+    """Six sequences at once, odd chunks, a small KV pool: the set-up every exactness test runs."""
     config = EngineConfig(
         max_active_seqs=6,
         step_token_budget=max(chunk_tokens, 6) + 6,
         bulk_prefill_chunk_tokens=chunk_tokens,
         num_kv_blocks=num_kv_blocks,
         block_size_tokens=block_size,
-        enable_prefix_caching=True,
+        enable_prefix_caching=enable_prefix_caching,
         device="cpu",
-        dtype="float32",
+        dtype=dtype,
     )
-    engine = LLMEngine(tiny_model_dir, config)
-    rng = random.Random(chunk_tokens)
-    prompts = random_prompts(rng, 14, engine.model_config.vocab_size)
-    max_tokens = 10
+    return LLMEngine(model_dir, config)
+
+
+def run_greedy(
+    engine: LLMEngine,
+    prompts: list[list[int]],
+    max_tokens: int,
+    *,
+    alternate_classes: bool = False,
+    check_every_step: bool = False,
+) -> tuple[dict[str, list[int]], int]:
+    """Every prompt as request r{i} (greedy, EOS ignored), run to the end: the tokens of each
+    and the prompt tokens the prefix cache served. `alternate_classes`: odd requests are bulk;
+    `check_every_step`: the block manager's invariants after every step."""
     for i, prompt in enumerate(prompts):
-        request_class = RequestClass.BULK if i % 2 else RequestClass.INTERACTIVE
+        request_class = (
+            RequestClass.BULK if alternate_classes and i % 2 else RequestClass.INTERACTIVE
+        )
         sampling = SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True)
         engine.add_request(GenerationRequest(f"r{i}", tuple(prompt), sampling, request_class))
     outputs: dict[str, list[int]] = {f"r{i}": [] for i in range(len(prompts))}
@@ -83,7 +98,32 @@ def test_greedy_matches_dense_reference(
             outputs[out.request_id].extend(out.new_token_ids)
             if out.finished and out.metrics is not None:
                 cached += out.metrics.num_cached_prompt_tokens
-        engine.block_manager.check_invariants()
+        if check_every_step:
+            engine.block_manager.check_invariants()
+    return outputs, cached
+
+
+@pytest.mark.parametrize(
+    ("chunk_tokens", "num_kv_blocks", "block_size"),
+    [(7, 40, 4), (13, 24, 8), (64, 200, 16)],
+)
+def test_greedy_matches_dense_reference(
+    tiny_model_dir: Path, chunk_tokens: int, num_kv_blocks: int, block_size: int
+) -> None:
+    engine = exactness_engine(
+        tiny_model_dir,
+        chunk_tokens,
+        num_kv_blocks,
+        block_size,
+        "float32",
+        enable_prefix_caching=True,
+    )
+    rng = random.Random(chunk_tokens)
+    prompts = random_prompts(rng, 14, engine.model_config.vocab_size)
+    max_tokens = 10
+    outputs, cached = run_greedy(
+        engine, prompts, max_tokens, alternate_classes=True, check_every_step=True
+    )
 
     if num_kv_blocks < 100:
         assert engine.history.total_preemptions > 0, "the pool was meant to force preemption"

@@ -15,11 +15,13 @@ from pathlib import Path
 import pytest
 import torch
 
-from engine.core.config import EngineConfig
 from engine.core.llm_engine import LLMEngine
-from engine.core.request import GenerationRequest
-from engine.core.sampling_params import SamplingParams
-from tests.engine.test_engine_exactness import random_prompts, reference_greedy
+from tests.engine.test_engine_exactness import (
+    exactness_engine,
+    random_prompts,
+    reference_greedy,
+    run_greedy,
+)
 
 MAX_TOKENS = 10
 
@@ -41,25 +43,10 @@ def _divergence_is_bf16_tie(
 def test_bf16_greedy_matches_bf16_dense_reference(
     tiny_model_dir: Path, chunk_tokens: int, num_kv_blocks: int, block_size: int
 ) -> None:
-    config = EngineConfig(
-        max_active_seqs=6,
-        step_token_budget=max(chunk_tokens, 6) + 6,
-        bulk_prefill_chunk_tokens=chunk_tokens,
-        num_kv_blocks=num_kv_blocks,
-        block_size_tokens=block_size,
-        device="cpu",
-        dtype="bfloat16",
-    )
-    engine = LLMEngine(tiny_model_dir, config)
+    engine = exactness_engine(tiny_model_dir, chunk_tokens, num_kv_blocks, block_size, "bfloat16")
     assert engine.runner.kv_cache.dtype == torch.bfloat16
     prompts = random_prompts(random.Random(chunk_tokens), 14, engine.model_config.vocab_size)
-    for i, prompt in enumerate(prompts):
-        sampling = SamplingParams(max_tokens=MAX_TOKENS, temperature=0.0, ignore_eos=True)
-        engine.add_request(GenerationRequest(f"r{i}", tuple(prompt), sampling))
-    outputs: dict[str, list[int]] = {f"r{i}": [] for i in range(len(prompts))}
-    while engine.has_unfinished_requests():
-        for out in engine.step():
-            outputs[out.request_id].extend(out.new_token_ids)
+    outputs, _ = run_greedy(engine, prompts, MAX_TOKENS)
     assert engine.history.total_preemptions > 0, "the pool was meant to force preemption"
     assert engine.block_manager.num_free_blocks == num_kv_blocks
     with torch.inference_mode():
