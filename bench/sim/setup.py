@@ -11,8 +11,8 @@ run's config.json.
 
 from __future__ import annotations
 
-import json
 from dataclasses import asdict, dataclass, replace
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -22,32 +22,30 @@ from planning.calibration_file import resolve_device
 from planning.costmodel import HardwareRates, ModelShape
 from planning.memory_budget import MemoryBudget
 from planning.model_shape_from_config import shape_from_hf_config
+from planning.plan_command import DTYPE_BYTES
+from planning.plan_command import load_model_config as planning_model_config
 
-__all__ = ["DTYPE_BYTES", "SimTarget", "load_model_config", "resolve_target"]
+__all__ = ["SimTarget", "load_model_config", "resolve_target"]
 
-DTYPE_BYTES = {"bf16": 2, "bfloat16": 2, "fp16": 2, "float16": 2, "fp32": 4, "float32": 4,
-               "fp8": 1}  # fmt: skip
-CONFIGS_DIR = Path(__file__).resolve().parents[1] / "configs"
+# A preset's config as the simulator reads it (bf16 weights; EOS past the byte vocabulary, so
+# the simulated tokens never end a sequence early).
+_SIM_PRESETS = {
+    name: partial(
+        get_preset(name).to_config_dict,
+        dtype="bfloat16",
+        eos_token_id=BYTE_VOCAB_SIZE,
+        pad_token_id=None,
+    )
+    for name in PRESET_NAMES
+}
 
 
 def load_model_config(model: str) -> tuple[str, dict[str, Any]]:
-    """(a name, the raw config.json dict) for a folder, a file, a preset or a shipped config."""
+    """(a name, the raw config.json dict) for a folder, a file, a preset or a shipped config
+    (`mixgate plan`'s resolution, planning.plan_command.load_model_config)."""
     path = Path(model)
-    if path.is_dir() and (path / "config.json").is_file():
-        return path.name, json.loads((path / "config.json").read_text())
-    if path.is_file():
-        return path.stem, json.loads(path.read_text())
-    if model in PRESET_NAMES:
-        preset = get_preset(model)
-        raw = preset.to_config_dict(
-            dtype="bfloat16", eos_token_id=BYTE_VOCAB_SIZE, pad_token_id=None
-        )
-        return model, raw
-    shipped = CONFIGS_DIR / f"{model}.json"
-    if shipped.is_file():
-        return model, json.loads(shipped.read_text())
-    known = sorted([*PRESET_NAMES, *(p.stem for p in CONFIGS_DIR.glob("*.json"))])
-    raise ValueError(f"--model {model!r}: not a folder, a config.json, or one of {known}")
+    name = path.stem if path.is_file() else path.name if path.is_dir() else model
+    return name, planning_model_config(model, _SIM_PRESETS)
 
 
 @dataclass(frozen=True, slots=True)
