@@ -85,16 +85,26 @@ def live_server(
 # ---- the vLLM environment's suite, started early ---------------------------------------------
 
 
+def pytest_configure(config: pytest.Config) -> None:
+    from tests import vllm_suite
+
+    vllm_suite.configure_session()
+
+
 def pytest_collection_finish(session: pytest.Session) -> None:
     # The inside suite is a minute of vLLM start-up in another process: begin it now, so that it
-    # runs beside the rest of the suite (tests/engine/test_vllm_backend.py waits for it).
-    from tests.engine.test_vllm_backend import INSIDE_TEST_NAME, start_inside_suite
+    # runs beside the rest of the suite (tests/engine/test_vllm_backend.py waits for it). Every
+    # xdist worker collects every test; tests/vllm_suite.py runs it once for all of them.
+    from tests import vllm_suite
+    from tests.engine.test_vllm_backend import INSIDE_TEST_NAME
 
-    if any(item.name == INSIDE_TEST_NAME for item in session.items):
-        start_inside_suite()
+    if vllm_suite.VLLM_PYTHON.is_file() and any(
+        item.name == INSIDE_TEST_NAME for item in session.items
+    ):
+        vllm_suite.start()
 
 
-def pytest_sessionfinish(session: pytest.Session) -> None:
-    from tests.engine.test_vllm_backend import stop_inside_suite
+def pytest_unconfigure(config: pytest.Config) -> None:
+    from tests import vllm_suite
 
-    stop_inside_suite()
+    vllm_suite.finish_session()

@@ -7,8 +7,9 @@ engine tests (greedy parity in token ids, the class-aware scheduler's steps, abo
 in CI, where they fail.
 
 The subprocess starts as soon as the session has collected this test (tests/conftest.py,
-`pytest_collection_finish`), not when the test's turn comes: most of its minute is vLLM
-loading two engines, which overlaps the rest of the suite instead of adding to it.
+`pytest_collection_finish`; tests/vllm_suite.py, once per session under pytest-xdist too), not
+when the test's turn comes: most of its minute is vLLM loading two engines, which overlaps the
+rest of the suite instead of adding to it.
 """
 
 from __future__ import annotations
@@ -18,61 +19,16 @@ import os
 import re
 import subprocess
 import sys
-import tempfile
 from pathlib import Path
 
 import pytest
 
+from tests import vllm_suite
 from tests.dependencies import missing_dependency
 
-ROOT = Path(__file__).resolve().parents[2]
-VLLM_PYTHON = ROOT / ".venv-vllm" / "bin" / "python"
+VLLM_PYTHON = vllm_suite.VLLM_PYTHON
 INSIDE_TESTS = 8
-INSIDE_TIMEOUT_S = 880
 INSIDE_TEST_NAME = "test_vllm_suite_passes_inside_the_vllm_environment"
-
-
-class _InsideSuite:
-    """The inside suite's pytest subprocess, its output in a temporary file."""
-
-    def __init__(self) -> None:
-        self.output = tempfile.TemporaryFile(mode="w+")  # noqa: SIM115 - closed in stop()
-        self.process = subprocess.Popen(
-            [str(VLLM_PYTHON), "-m", "pytest", "tests/vllm_inside", "-q", "-p", "no:cacheprovider"],
-            cwd=ROOT,
-            stdout=self.output,
-            stderr=subprocess.STDOUT,
-            text=True,
-        )
-
-    def result(self) -> tuple[int, str]:
-        returncode = self.process.wait(timeout=INSIDE_TIMEOUT_S)
-        self.output.seek(0)
-        return returncode, self.output.read()
-
-    def stop(self) -> None:
-        if self.process.poll() is None:
-            self.process.kill()
-            self.process.wait()
-        self.output.close()
-
-
-_inside: _InsideSuite | None = None
-
-
-def start_inside_suite() -> None:
-    """Start the inside suite now (once), if the vLLM environment exists."""
-    global _inside
-    if _inside is None and VLLM_PYTHON.is_file():
-        _inside = _InsideSuite()
-
-
-def stop_inside_suite() -> None:
-    """End a started inside suite that no test waited for (an interrupted session)."""
-    global _inside
-    if _inside is not None:
-        _inside.stop()
-        _inside = None
 
 
 def test_engine_vllm_without_vllm_exits_at_start_with_the_install_hint(tmp_path: Path) -> None:
@@ -96,10 +52,8 @@ def test_engine_vllm_without_vllm_exits_at_start_with_the_install_hint(tmp_path:
 def test_vllm_suite_passes_inside_the_vllm_environment() -> None:
     if not VLLM_PYTHON.is_file():
         missing_dependency(".venv-vllm is missing (scripts/setup-vllm makes it; .ci/run runs it)")
-    start_inside_suite()  # already under way when the session collected this test
-    assert _inside is not None
-    returncode, output = _inside.result()
-    stop_inside_suite()
+    vllm_suite.start()  # already under way since the session collected this test
+    returncode, output = vllm_suite.wait()
     tail = output[-6000:]
     assert returncode == 0, tail
     # Every inside test ran: none skipped for a missing vLLM or redis-server.
