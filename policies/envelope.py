@@ -148,7 +148,8 @@ _POSITIVE_INT_FIELDS: Final = (
 
 @dataclass(frozen=True, slots=True)
 class Envelope:
-    # At most this many sequences hold KV blocks and take part in a step.
+    # At most this many bulk sequences hold KV blocks and take part in a step (and every
+    # sequence, but for the interactive slots on top: interactive_reserved_seqs).
     max_active_seqs: int
     # Tokens one step may carry (decodes + prefill chunks); it is what bounds ITL.
     step_token_budget: int
@@ -164,8 +165,10 @@ class Envelope:
     interactive_limits: LengthLimits
     bulk_limits: LengthLimits
     interactive_ttft_target_s: float
-    # Slots the dispatcher keeps free for interactive work, so a bulk backlog cannot fill the
-    # engine and make the next chat user wait for a bulk job to finish.
+    # Slots above max_active_seqs that only interactive work takes, so a bulk backlog that fills
+    # the engine never makes the next chat user wait for a bulk job to finish, and never costs
+    # bulk a slot either (the engine overcommits for chats, as vLLM's priority mode gives low
+    # priority all of max_num_seqs).
     interactive_reserved_seqs: int
     provenance: Provenance = field(default_factory=Provenance)
 
@@ -191,6 +194,14 @@ class Envelope:
             raise ValueError("interactive_ttft_target_s must be positive and finite")
         if not 0 <= self.interactive_reserved_seqs < self.max_active_seqs:
             raise ValueError("interactive_reserved_seqs must be in [0, max_active_seqs)")
+
+    def slots_by_class(self) -> dict[RequestClass, int]:
+        """Sequences of each class a replica runs at once: bulk fills max_active_seqs,
+        interactive may take those and the reserved ones on top."""
+        return {
+            RequestClass.INTERACTIVE: self.max_active_seqs + self.interactive_reserved_seqs,
+            RequestClass.BULK: self.max_active_seqs,
+        }
 
     @classmethod
     def default(cls) -> Envelope:

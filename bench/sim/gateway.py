@@ -105,10 +105,7 @@ class SimGateway:
         self.policy = policy
         self.config = admission_config(envelope, policy)
         self.queues = {c: _Queue() for c in RequestClass}
-        self.slots = {
-            RequestClass.INTERACTIVE: envelope.max_active_seqs,
-            RequestClass.BULK: envelope.max_active_seqs - envelope.interactive_reserved_seqs,
-        }
+        self.slots = envelope.slots_by_class()
         self.in_flight = dict.fromkeys(RequestClass, 0)
         self.offsets = ClassOffsets(bulk_ms=envelope.bulk_class_offset_ms)
 

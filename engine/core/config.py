@@ -9,8 +9,14 @@ from policies.scheduling_policy import SchedulingPolicy
 
 @dataclass(frozen=True, slots=True)
 class EngineConfig:
-    # At most this many sequences hold KV blocks and take part in steps at once.
+    # Bulk sequences that hold KV blocks and take part in steps at once, at most; and every
+    # sequence, unless interactive ones overcommit (below).
     max_active_seqs: int = 32
+    # Slots above max_active_seqs that only interactive sequences take: a chat arriving while
+    # bulk fills every slot runs beside it instead of preempting a bulk sequence (whose recompute
+    # is thrown-away work) or taking one of bulk's slots for good. vLLM's priority scheduling
+    # gives bulk all of max_num_seqs; so does this, with chats riding on top.
+    interactive_overcommit_seqs: int = 0
     # Tokens (decode tokens + prefill-chunk tokens) one forward may carry; bounds ITL.
     step_token_budget: int = 512
     # Bulk prefill tokens per step at most, taken only from what interactive work left.
@@ -39,6 +45,11 @@ class EngineConfig:
     # "mixgate" | "priority" | "fcfs" (policies/scheduling_policy.py): the presets compared.
     scheduling_policy: str = "mixgate"
 
+    @property
+    def max_running_seqs(self) -> int:
+        """Sequences running at once at most: bulk's slots and interactive's overcommit."""
+        return self.max_active_seqs + self.interactive_overcommit_seqs
+
     def __post_init__(self) -> None:
         self._check_scheduling()
         self._check_cache_and_device()
@@ -46,10 +57,14 @@ class EngineConfig:
     def _check_scheduling(self) -> None:
         if self.max_active_seqs < 1:
             raise ValueError("max_active_seqs must be at least 1")
-        if self.step_token_budget < self.max_active_seqs:
+        if self.interactive_overcommit_seqs < 0:
+            raise ValueError("interactive_overcommit_seqs must be non-negative")
+        if self.step_token_budget < self.max_running_seqs:
             # NOTE: every running sequence's decode token must fit in one step, or a decoding
             # sequence could be skipped, which the scheduling contract forbids.
-            raise ValueError("step_token_budget must be >= max_active_seqs")
+            raise ValueError(
+                "step_token_budget must be >= max_active_seqs + interactive_overcommit_seqs"
+            )
         if self.bulk_prefill_chunk_tokens < 1:
             raise ValueError("bulk_prefill_chunk_tokens must be at least 1")
         if not 0.0 <= self.bulk_min_share < 1.0:

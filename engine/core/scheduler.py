@@ -1,10 +1,11 @@
 """Class-aware continuous batching: which tokens of which sequences run in the next step.
 
-Each step fills `step_token_budget` with at most `max_active_seqs` running sequences:
-interactive decodes, bulk decodes, interactive prefill chunks (oldest first), then bulk
-prefill chunks capped per step (see policies/step_budget.py for the split). When KV blocks run
-out a sequence is preempted by recompute: bulk first, youngest first; an interactive sequence
-is never preempted to make room for bulk.
+Each step fills `step_token_budget` with at most `max_active_seqs` running bulk sequences, and
+interactive ones beside them up to `max_running_seqs` (the overcommit): interactive decodes,
+bulk decodes, interactive prefill chunks (oldest first), then bulk prefill chunks capped per
+step (see policies/step_budget.py for the split). When KV blocks run out a sequence is
+preempted by recompute: bulk first, youngest first; an interactive sequence is never preempted
+to make room for bulk.
 """
 
 from __future__ import annotations
@@ -244,9 +245,16 @@ class Scheduler:
                 return False
             return self._preempt_youngest(BULK, None, state, INTERACTIVE)
 
-        while len(self.running) >= self.config.max_active_seqs:
-            if not preempt_bulk():
-                return 0
+        if interactive:
+            # Overcommit first: slots above bulk's cap take nothing from running bulk work.
+            while len(self.running) >= self.config.max_running_seqs:
+                if not preempt_bulk():
+                    return 0
+        elif (
+            bulk_running >= self.config.max_active_seqs
+            or len(self.running) >= self.config.max_running_seqs
+        ):
+            return 0
         if not seq.block_table:
             self.blocks.match_prefix(seq)
         num = min(seq.num_uncomputed_tokens, max_tokens)
@@ -350,8 +358,10 @@ class Scheduler:
     def _check_step(self, output: SchedulerOutput) -> None:
         if output.num_scheduled_tokens > self.config.step_token_budget:
             raise RuntimeError("scheduled tokens exceed the step budget")
-        if len(self.running) > self.config.max_active_seqs:
-            raise RuntimeError("running sequences exceed max_active_seqs")
+        if len(self.running) > self.config.max_running_seqs:
+            raise RuntimeError("running sequences exceed max_running_seqs")
+        if sum(1 for s in self.running if self.queue_of(s) is BULK) > self.config.max_active_seqs:
+            raise RuntimeError("running bulk sequences exceed max_active_seqs")
         block_size = self.blocks.block_size
         for chunk in output.chunks:
             seq = chunk.seq

@@ -106,7 +106,7 @@ class AdmissionService:
                 math.ceil(envelope.bulk_min_share * envelope.step_token_budget),
             ),
             # The dispatcher claims interactive work while the engine has a slot for it.
-            interactive_slots=envelope.max_active_seqs,
+            interactive_slots=envelope.slots_by_class()[RequestClass.INTERACTIVE],
             waiting_interactive_prompt_tokens=round(
                 waiting_interactive * self._mean_interactive_prompt_tokens
             ),

@@ -102,7 +102,8 @@ class DispatcherConfig:
         lease_ms: int = DEFAULT_LEASE_MS,
         **overrides: Any,
     ) -> DispatcherConfig:
-        """Slots from the envelope: bulk leaves `interactive_reserved_seqs` free for chat.
+        """Slots from the envelope: bulk fills `max_active_seqs`, chat takes those and
+        `interactive_reserved_seqs` more on top (policies/envelope.py:Envelope.slots_by_class).
 
         Renew and reclaim cadences follow `lease_ms` (a third and a half of it) unless given.
         """
@@ -116,7 +117,7 @@ class DispatcherConfig:
         overrides.setdefault("renew_interval_ms", max(1, lease_ms // 3))
         overrides.setdefault("reclaim_interval_ms", max(1, lease_ms // 2))
         slots = {
-            RequestClass.INTERACTIVE: max_active_seqs,
-            RequestClass.BULK: max_active_seqs - interactive_reserved_seqs,
+            RequestClass.INTERACTIVE: max_active_seqs + interactive_reserved_seqs,
+            RequestClass.BULK: max_active_seqs,
         }
         return cls(replica_id=replica_id, max_active_by_class=slots, lease_ms=lease_ms, **overrides)

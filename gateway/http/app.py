@@ -320,10 +320,7 @@ async def _on_engine_death(state: GatewayState, wait_dead: Callable[[], Awaitabl
 
 def _claim_slots(envelope: Envelope, settings: Settings) -> dict[RequestClass, int]:
     """Local slots per class; a class this replica does not claim gets none."""
-    slots = {
-        RequestClass.INTERACTIVE: envelope.max_active_seqs,
-        RequestClass.BULK: envelope.max_active_seqs - envelope.interactive_reserved_seqs,
-    }
+    slots = envelope.slots_by_class()
     return {c: n if c.value in settings.claimed_classes else 0 for c, n in slots.items()}
 
 

@@ -39,6 +39,15 @@ def resolve_model_dir(settings: Settings) -> Path:
 def engine_config(envelope: Envelope, settings: Settings) -> EngineConfig:
     return EngineConfig(
         max_active_seqs=envelope.max_active_seqs,
+        # The envelope's interactive slots sit on top of bulk's (docs/ARCHITECTURE.md, "Slots"),
+        # as far as the step budget has a decode token for each.
+        interactive_overcommit_seqs=max(
+            0,
+            min(
+                envelope.interactive_reserved_seqs,
+                envelope.step_token_budget - envelope.max_active_seqs,
+            ),
+        ),
         step_token_budget=envelope.step_token_budget,
         bulk_prefill_chunk_tokens=envelope.bulk_prefill_chunk_tokens,
         bulk_min_share=envelope.bulk_min_share,

@@ -73,10 +73,12 @@ def decoding_interactive(scheduler: Scheduler) -> set[str]:
     return {s.seq_id for s in scheduler.running if s.request_class is INTERACTIVE and s.is_decoding}
 
 
+@pytest.mark.parametrize("overcommit", [0, 2])
 @pytest.mark.parametrize("seed", range(8))
-def test_budget_slots_and_class_rules_hold_every_step(seed: int) -> None:
+def test_budget_slots_and_class_rules_hold_every_step(seed: int, overcommit: int) -> None:
     config = EngineConfig(
         max_active_seqs=6,
+        interactive_overcommit_seqs=overcommit,
         step_token_budget=24,
         bulk_prefill_chunk_tokens=8,
         bulk_min_share=0.25,
@@ -96,7 +98,9 @@ def test_budget_slots_and_class_rules_hold_every_step(seed: int) -> None:
         output = h.step()
 
         assert output.num_scheduled_tokens <= config.step_token_budget
-        assert len(h.scheduler.running) <= config.max_active_seqs
+        assert len(h.scheduler.running) <= config.max_active_seqs + overcommit
+        bulk_running = sum(1 for s in h.scheduler.running if s.request_class is BULK)
+        assert bulk_running <= config.max_active_seqs
         for preemption in output.preemptions:
             assert not (
                 preemption.victim_class is INTERACTIVE and preemption.beneficiary_class is BULK
@@ -256,6 +260,40 @@ def test_priority_does_not_preempt_to_admit_but_mixgate_does() -> None:
 
     assert preemptions("mixgate") == 1
     assert preemptions("priority") == 0
+
+
+def test_chats_overcommit_above_bulk_slots_and_bulk_keeps_all_of_its_own() -> None:
+    config = EngineConfig(
+        max_active_seqs=4,
+        interactive_overcommit_seqs=2,
+        step_token_budget=64,
+        bulk_prefill_chunk_tokens=8,
+        block_size_tokens=4,
+    )
+    h = Harness(config, num_blocks=400, seed=6)
+    bulk = [h.add(BULK, 4, 10 if i == 0 else 100) for i in range(6)]
+
+    def running(request_class: RequestClass) -> int:
+        return sum(1 for s in h.scheduler.running if s.request_class is request_class)
+
+    for _ in range(3):  # 8 bulk prefill tokens a step: two 4-token prompts each
+        h.step()
+    assert running(BULK) == 4  # bulk fills its slots; two more bulk wait
+    chats = [h.add(INTERACTIVE, 8, 50) for _ in range(3)]
+    output = h.step()
+    # Two chats ride on top of the full bulk batch; the third is the one that preempts.
+    assert running(INTERACTIVE) == 3
+    assert len(output.preemptions) == 1 and output.preemptions[0].victim_class is BULK
+    assert running(BULK) == 3
+    while bulk[0].status is not SequenceStatus.FINISHED:
+        h.step()
+    for _ in range(2):
+        h.step()
+    # The finished bulk sequence's slot went back to bulk (a waiting one took it), not to the
+    # chats that still run: 3 bulk + 3 chats, every slot of the overcommit in use.
+    assert all(c.status is SequenceStatus.RUNNING for c in chats)
+    assert bulk[0].status is SequenceStatus.FINISHED
+    assert running(BULK) == 3 and len(h.scheduler.running) == 6
 
 
 def test_interactive_preempts_aged_bulk_down_to_its_floor() -> None:

@@ -137,9 +137,10 @@ def test_the_envelope_maps_onto_vllm_arguments(policy: str, tmp_path: object) ->
 
 
 def test_waiting_chats_raise_the_admission_cap_and_bulk_never_does() -> None:
-    def limit(in_use: int, waiting_interactive: int) -> int:
+    def limit(in_use: int, waiting_interactive: int, running_interactive: int = 0) -> int:
         return admission_limit(
             slots_in_use=in_use,
+            running_interactive=running_interactive,
             waiting_interactive=waiting_interactive,
             max_active_seqs=32,
             runner_slots=64,
@@ -150,10 +151,12 @@ def test_waiting_chats_raise_the_admission_cap_and_bulk_never_does() -> None:
     assert limit(32, 0) == 32
     # Every slot taken by bulk: three waiting chats all get in (vLLM admits them first).
     assert limit(32, 3) == 35
-    # Overcommitted: no room for bulk (the cap is what RUNNING already holds) ...
-    assert limit(35, 0) == 35
-    # ... and under the cap, a chat takes a free slot without raising it.
-    assert limit(30, 2) == 32
-    assert limit(30, 5) == 35
+    # Overcommitted (32 bulk, 3 chats): no room for bulk (the cap is what RUNNING holds) ...
+    assert limit(35, 0, running_interactive=3) == 35
+    # ... and under the cap, a chat takes a free slot, and bulk keeps all 32 of its own.
+    assert limit(30, 2) == 34
+    assert limit(30, 5) == 37
+    # A running chat sits on top of bulk's slots: 31 bulk + 1 chat leaves bulk one more.
+    assert limit(32, 0, running_interactive=1) == 33
     # Never past the runner's slots.
     assert limit(62, 5) == 64

@@ -587,11 +587,11 @@ async def test_retry_transient_retries_connection_errors_only() -> None:
     assert len(calls) == 1
 
 
-def test_config_for_engine_reserves_interactive_slots() -> None:
+def test_config_for_engine_puts_interactive_slots_on_top_of_bulk() -> None:
     config = DispatcherConfig.for_engine(
         "r1", max_active_seqs=16, interactive_reserved_seqs=4, lease_ms=9_000
     )
-    assert dict(config.max_active_by_class) == {INT: 16, B: 12}
+    assert dict(config.max_active_by_class) == {INT: 20, B: 16}
     assert (config.renew_interval_ms, config.reclaim_interval_ms) == (3_000, 4_500)
     assert dict(config.class_offsets_ms) == {INT: 0, B: 30_000}
 
@@ -618,6 +618,6 @@ def test_config_rejects_bad_values(kwargs: dict[str, Any]) -> None:
         DispatcherConfig(**fields)
 
 
-def test_config_for_engine_rejects_a_reserve_that_leaves_bulk_nothing() -> None:
+def test_config_for_engine_rejects_a_reserve_as_large_as_the_bulk_slots() -> None:
     with pytest.raises(ValueError):
         DispatcherConfig.for_engine("r1", max_active_seqs=4, interactive_reserved_seqs=4)

@@ -51,7 +51,7 @@ def cluster(
 ) -> Iterator[Cluster]:
     tmp = tmp_path_factory.mktemp("replicas")
     prefix = cluster_prefix()
-    # Two slots per replica for bulk: a backlog of jobs cannot all fit on one replica.
+    # Three slots per replica for bulk: a backlog of jobs cannot all fit on one replica.
     envelope = small_envelope(tmp, max_active_seqs=3, reserved=1)
     env = {"MIXGATE_DRAIN_TIMEOUT_S": str(DRAIN_TIMEOUT_S)}
     a = replica(

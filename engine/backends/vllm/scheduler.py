@@ -89,6 +89,7 @@ class ClassAwareScheduler(Scheduler):  # type: ignore[misc]
         self.max_num_running_reqs = saved[1] - len(held)
         limit = admission_limit(
             slots_in_use=len(running),
+            running_interactive=sum(i.request_class is RequestClass.INTERACTIVE for i in items),
             waiting_interactive=sum(w.request_class is RequestClass.INTERACTIVE for w in waiting),
             max_active_seqs=saved[2],
             runner_slots=saved[1],

@@ -149,7 +149,12 @@ def compose_step(
 
 
 def admission_limit(
-    *, slots_in_use: int, waiting_interactive: int, max_active_seqs: int, runner_slots: int
+    *,
+    slots_in_use: int,
+    running_interactive: int,
+    waiting_interactive: int,
+    max_active_seqs: int,
+    runner_slots: int,
 ) -> int:
     """The step's cap on requests in RUNNING (vLLM's `max_num_active_reqs`).
 
@@ -159,8 +164,11 @@ def admission_limit(
     from vLLM's queue to its first step, with the step plan giving it its chunk at once). The
     native scheduler preempts bulk for an interactive admission; here interactive requests
     overcommit instead: the cap rises by as many as wait (up to the runner's slots), so they
-    all get in, and bulk is admitted only while RUNNING is under `max_active_seqs`. No bulk
+    all get in, and bulk is admitted only while fewer than `max_active_seqs` bulk requests run
+    (the running chats sit on top of bulk's slots: with the cap at `max_active_seqs` a chat
+    that took a finished bulk request's slot kept it from bulk until the chat ended). No bulk
     work is thrown away, and the overcommit ends as the chats finish.
     """
-    wanted = slots_in_use + waiting_interactive
+    chats_on_top = max_active_seqs + running_interactive + waiting_interactive
+    wanted = max(slots_in_use + waiting_interactive, chats_on_top)
     return max(max_active_seqs, min(runner_slots, wanted))
