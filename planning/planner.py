@@ -174,8 +174,9 @@ def step_token_budget_for_itl(
 def starting_envelope(
     shape: ModelShape, plan: Plan, *, created_at: str = "", notes: str = ""
 ) -> Envelope:
-    """An envelope to start the sweeps from: the plan's best B as ``max_active_seqs``, the
-    largest step budget that keeps ITL with B decoding, lengths up to the planned context."""
+    """An envelope to start the sweeps from: the plan's best B running at most (bulk's
+    ``max_active_seqs`` and the interactive slots on top of it), the largest step budget that
+    keeps ITL with B decoding, lengths up to the planned context."""
     if plan.best_batch_size is None:
         raise ValueError("no batch size meets the ITL target and fits: nothing to start from")
     batch = plan.best_batch_size
@@ -190,12 +191,13 @@ def starting_envelope(
             max_context_tokens=context,
         )
 
+    reserved = min(default.interactive_reserved_seqs, batch // 8)
     return replace(
         default,
-        max_active_seqs=batch,
+        max_active_seqs=batch - reserved,
         step_token_budget=budget_tokens,
         bulk_prefill_chunk_tokens=max(1, budget_tokens // 4),
-        interactive_reserved_seqs=min(default.interactive_reserved_seqs, batch // 8),
+        interactive_reserved_seqs=reserved,
         interactive_limits=limits(default.interactive_limits),
         bulk_limits=limits(default.bulk_limits),
         provenance=Provenance(

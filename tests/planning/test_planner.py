@@ -56,7 +56,9 @@ def test_nothing_meets_an_impossible_target() -> None:
 def test_starting_envelope_is_valid_and_keeps_itl_with_a_prompt_chunk() -> None:
     plan = make_plan(SHAPE, DEVICE, context_tokens=100, itl_slo_s=0.010)
     env = starting_envelope(SHAPE, plan, created_at="2025-01-01T00:00:00+00:00")
-    assert env.max_active_seqs == 500
+    # The plan's B is what runs at most: bulk's slots and the interactive ones on top.
+    assert env.max_active_seqs + env.interactive_reserved_seqs == 500
+    assert env.interactive_reserved_seqs == 4
     # 500 tokens of a step already take the whole 10 ms (compute-bound): no room for a chunk.
     assert env.step_token_budget == 500
     assert env.interactive_limits.max_context_tokens == 100
