@@ -82,6 +82,40 @@ def live_server(
     assert proc.stop() == 0, proc.logs()
 
 
+# ---- order: the longest modules first -------------------------------------------------------
+
+
+def pytest_collection_modifyitems(
+    session: pytest.Session, config: pytest.Config, items: list[pytest.Item]
+) -> None:
+    """Modules with a `slow` test run first, the one that waits for the vLLM suite last; each
+    module's tests stay together and in order (its module-scoped servers start once).
+
+    Under pytest-xdist (`--dist loadfile --no-loadscope-reorder`, scripts/test; xdist would
+    otherwise order modules by their number of tests) modules go to the workers in this order,
+    one at a time as each worker runs dry, so the longest are spread over both CPUs from the
+    start instead of one of them closing the run alone (guidellm's did, for a minute); the vLLM
+    suite's waiter holds a worker only once the rest is done.
+    """
+    from tests.engine.test_vllm_backend import INSIDE_TEST_NAME
+
+    def module(item: pytest.Item) -> object:
+        return getattr(item, "module", None)
+
+    slow_modules = {module(item) for item in items if item.get_closest_marker("slow")}
+    waiter_modules = {module(item) for item in items if item.name == INSIDE_TEST_NAME}
+
+    def rank(item: pytest.Item) -> int:
+        if module(item) in waiter_modules:
+            return 2
+        return 0 if module(item) in slow_modules else 1
+
+    first_index: dict[object, int] = {}
+    for index, item in enumerate(items):
+        first_index.setdefault(module(item), index)
+    items.sort(key=lambda item: (rank(item), first_index[module(item)]))
+
+
 # ---- the vLLM environment's suite, started early ---------------------------------------------
 
 

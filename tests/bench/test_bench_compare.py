@@ -31,6 +31,7 @@ output_tokens = { kind = "uniform", min = 4, max = 8 }
 """
 
 
+@pytest.mark.slow
 @pytest.mark.redis
 def test_compare_writes_every_file(tiny_model_dir: Path, redis_server: str, tmp_path: Path) -> None:
     workload = tmp_path / "tiny.toml"

@@ -10,7 +10,7 @@ import pytest
 
 from mixgate.cli import main
 
-pytestmark = pytest.mark.redis
+pytestmark = [pytest.mark.redis, pytest.mark.slow]
 
 PERCENTILE_FIELDS = (
     "admit_ms",

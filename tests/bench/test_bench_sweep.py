@@ -23,6 +23,7 @@ max = 30.0
 """
 
 
+@pytest.mark.slow
 @pytest.mark.redis
 def test_sweep_then_derive(tiny_model_dir: Path, redis_server: str, tmp_path: Path) -> None:
     workload = tmp_path / "tiny.toml"

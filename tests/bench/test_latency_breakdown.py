@@ -40,6 +40,7 @@ def _adds_up(block: dict[str, object]) -> None:
     assert sum(shares.values()) == pytest.approx(1.0, abs=1e-9)
 
 
+@pytest.mark.slow
 @pytest.mark.redis
 def test_breakdown_writes_parts_that_add_up(
     tiny_model_dir: Path, redis_server: str, tmp_path: Path

@@ -98,6 +98,7 @@ async def _run(server: ServerProcess, chat_process: bool) -> tuple[list[RequestR
     return result.records, LoopHoldingSender.hold_ended_s[0]
 
 
+@pytest.mark.slow
 @pytest.mark.redis
 @pytest.mark.anyio
 @pytest.mark.timeout(90)
@@ -125,6 +126,7 @@ async def test_chats_are_sent_on_time_while_the_bulk_loop_is_held(server: Server
         assert by_id[f"interactive-{planned.index}"].sent_s >= hold_end_s
 
 
+@pytest.mark.slow
 @pytest.mark.redis
 @pytest.mark.anyio
 @pytest.mark.timeout(90)

@@ -198,6 +198,7 @@ SMOKE = Workload("smoke", "", 4.0, 11, {
 })  # fmt: skip
 
 
+@pytest.mark.slow
 @pytest.mark.redis
 @pytest.mark.anyio
 @pytest.mark.timeout(60)

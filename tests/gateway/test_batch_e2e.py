@@ -18,7 +18,7 @@ import pytest
 from bench.live.processes import ServerProcess
 from tests.gateway.test_gateway_e2e import new_server
 
-pytestmark = pytest.mark.redis
+pytestmark = [pytest.mark.redis, pytest.mark.slow]
 KEYS = {"keys": [{"key": "sk-alpha", "tenant": "alpha"}, {"key": "sk-beta", "tenant": "beta"}]}
 FAST_SUPERVISOR = {"MIXGATE_BATCH_POLL_INTERVAL_S": "0.05"}
 TERMINAL = {"completed", "failed", "expired", "cancelled"}

@@ -44,9 +44,9 @@ def _assert_every_request_exact(benchmark: dict[str, Any], requests: int) -> Non
 @pytest.mark.parametrize(
     ("endpoint", "profile", "requests", "steps"),
     [
-        ("/v1/chat/completions", "kind=concurrent,streams=4", 12, 1),
+        ("/v1/chat/completions", "kind=concurrent,streams=4", 8, 1),
         # sweep_size=3: synchronous, throughput, and one constant rate between them.
-        ("/v1/completions", "kind=sweep,sweep_size=3", 6, 3),
+        ("/v1/completions", "kind=sweep,sweep_size=3", 4, 3),
     ],
     ids=["concurrent-chat", "sweep-completions"],
 )

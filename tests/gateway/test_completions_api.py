@@ -19,7 +19,7 @@ from engine.core.request import GenerationRequest
 from engine.core.sampling_params import SamplingParams
 from tests.gateway.test_gateway_e2e import model_name
 
-pytestmark = pytest.mark.redis
+pytestmark = [pytest.mark.redis, pytest.mark.slow]
 PROMPT = "Tell me a story about a lighthouse."
 
 

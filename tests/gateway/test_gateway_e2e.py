@@ -20,7 +20,7 @@ import pytest
 from bench.live.processes import ServerProcess
 from policies.envelope import Envelope, dump_envelope
 
-pytestmark = pytest.mark.redis
+pytestmark = [pytest.mark.redis, pytest.mark.slow]
 TERMINAL = {"completed", "failed", "cancelled", "expired"}
 
 
