@@ -142,6 +142,8 @@ class Scheduler:
                 else self.config.step_token_budget
             ),
             bulk_min_share=self.config.bulk_min_share,
+            interactive_present=bool(self.waiting[INTERACTIVE])
+            or any(self.queue_of(s) is INTERACTIVE for s in self.running),
         )
         interactive_decode_tokens = self._tokens(state, INTERACTIVE)
         self._schedule_prefills(

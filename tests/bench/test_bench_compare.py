@@ -15,12 +15,12 @@ from policies.envelope import Envelope, dump_envelope
 
 TINY_WORKLOAD = """
 name = "tiny-mixed"
-description = "a few seconds of chat over a small bulk backlog"
-duration_s = 3
+description = "a second and a half of chat over a small bulk backlog"
+duration_s = 1.5
 seed = 7
 
 [interactive]
-arrival = { kind = "poisson", rate_per_s = 3.0 }
+arrival = { kind = "poisson", rate_per_s = 4.0 }
 prompt_tokens = { kind = "uniform", min = 16, max = 48 }
 output_tokens = { kind = "uniform", min = 4, max = 8 }
 

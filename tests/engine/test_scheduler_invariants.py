@@ -207,8 +207,8 @@ def test_fcfs_serves_in_arrival_order_whatever_the_class() -> None:
     assert chat.metrics.first_scheduled_s is None
 
 
-def test_mixgate_caps_bulk_prefill_where_priority_does_not() -> None:
-    def first_step_bulk_tokens(policy: str) -> int:
+def test_mixgate_caps_bulk_prefill_beside_a_chat_where_priority_does_not() -> None:
+    def bulk_prefill_tokens(policy: str, *, with_chat: bool) -> int:
         config = EngineConfig(
             max_active_seqs=4,
             step_token_budget=32,
@@ -217,11 +217,17 @@ def test_mixgate_caps_bulk_prefill_where_priority_does_not() -> None:
             scheduling_policy=policy,
         )
         h = Harness(config, num_blocks=100, seed=2)
+        if with_chat:
+            h.add(INTERACTIVE, 4, 50)
+            h.step()  # its prefill step; from now on the chat decodes
         h.add(BULK, 40, 2)
-        return h.step().tokens_for(BULK)
+        return h.step().tokens_by_kind.get((BULK, "prefill"), 0)
 
-    assert first_step_bulk_tokens("mixgate") == 4
-    assert first_step_bulk_tokens("priority") == 32
+    assert bulk_prefill_tokens("mixgate", with_chat=True) == 4
+    assert bulk_prefill_tokens("priority", with_chat=True) == 31  # all the decode leaves
+    # With no interactive sequence in the engine there is nobody to protect: no cap.
+    assert bulk_prefill_tokens("mixgate", with_chat=False) == 32
+    assert bulk_prefill_tokens("priority", with_chat=False) == 32
 
 
 def test_priority_never_ages_bulk_under_a_flood() -> None:
@@ -332,7 +338,7 @@ def test_a_step_with_an_interactive_prefill_carries_no_bulk_prefill_unless_bulk_
     )
     h = Harness(config, num_blocks=400, seed=3)
     h.add(BULK, 200, 4)
-    assert h.step().tokens_for(BULK) == 16  # alone, bulk prefills its chunk
+    assert h.step().tokens_for(BULK) == 64  # alone, bulk prefill takes the whole budget
     h.add(INTERACTIVE, 20, 4)
     step = h.step()
     assert step.tokens_for(INTERACTIVE) == 20 and step.tokens_for(BULK) == 0

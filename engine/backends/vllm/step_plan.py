@@ -103,6 +103,7 @@ def compose_step(
     decode_tokens = len(decodes[inter]) + len(decodes[bulk])
     demand = {c: sum(_chunk(r, knobs) for r in prefills[c] + waiting_by[c]) for c in (inter, bulk)}
     bulk_aged = any(r.age_s >= knobs.bulk_aging_s for r in prefills[bulk] + waiting_by[bulk])
+    interactive_present = bool(decodes[inter] or prefills[inter] or waiting_by[inter])
     plan = plan_step_budget(
         step_token_budget=knobs.step_token_budget,
         interactive_decode_tokens=len(decodes[inter]),
@@ -111,17 +112,12 @@ def compose_step(
         bulk_aged=bulk_aged,
         bulk_prefill_chunk_tokens=knobs.bulk_prefill_chunk_tokens,
         bulk_min_share=knobs.bulk_min_share,
+        interactive_present=interactive_present,
     )
     left = max(0, knobs.step_token_budget - decode_tokens)
     inter_tokens = min(demand[inter], plan.interactive_prefill_limit_tokens)
-    # NOTE: the bulk cap bounds step time for the sake of interactive sequences' ITL and
-    # TTFT; with none in the engine (running or waiting) there is nobody to protect, and
-    # capping anyway made bulk alone run in 128-token steps where plain vLLM runs 512 (the
-    # step's fixed cost paid 4 times per prompt). A chat that arrives meanwhile waits at most
-    # for the step under way, as it would behind any other step.
-    interactive_present = bool(decodes[inter] or prefills[inter] or waiting_by[inter])
-    bulk_cap = plan.bulk_prefill_cap_tokens if interactive_present else left
-    bulk_tokens = min(demand[bulk], bulk_cap, left - inter_tokens)
+    # With no interactive request in the engine the plan's cap is off (policies/step_budget.py).
+    bulk_tokens = min(demand[bulk], plan.bulk_prefill_cap_tokens, left - inter_tokens)
     # Running interactive prefills come first: only as many as their share covers.
     shown_inter = _admit_within(prefills[inter], inter_tokens, knobs)
     # NOTE: vLLM admits waiting requests only after it has walked `running`, so a running
