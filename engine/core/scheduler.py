@@ -142,8 +142,9 @@ class Scheduler:
                 else self.config.step_token_budget
             ),
             bulk_min_share=self.config.bulk_min_share,
+            # Counted by the sequences' own class: without classes (fcfs) the cap is off anyway.
             interactive_present=bool(self.waiting[INTERACTIVE])
-            or any(self.queue_of(s) is INTERACTIVE for s in self.running),
+            or self._running_count[INTERACTIVE] > 0,
         )
         interactive_decode_tokens = self._tokens(state, INTERACTIVE)
         self._schedule_prefills(
@@ -362,7 +363,7 @@ class Scheduler:
             raise RuntimeError("scheduled tokens exceed the step budget")
         if len(self.running) > self.config.max_running_seqs:
             raise RuntimeError("running sequences exceed max_running_seqs")
-        if sum(1 for s in self.running if self.queue_of(s) is BULK) > self.config.max_active_seqs:
+        if self._running_count[BULK] > self.config.max_active_seqs:
             raise RuntimeError("running bulk sequences exceed max_active_seqs")
         block_size = self.blocks.block_size
         for chunk in output.chunks:
