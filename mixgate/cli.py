@@ -127,6 +127,13 @@ def _add_bench(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
         help="batch sizes for the mixed-length throughput comparison",
     )
     engine.add_argument("--seed", type=int, default=0)
+    engine.add_argument(
+        "--decode-attention",
+        choices=("kernel", "sdpa"),
+        default="kernel",
+        help="decode attention: the paged kernel over the cache in place (the engine's default "
+        "where it builds), or gathered K/V copies through torch's SDPA",
+    )
     engine.add_argument("--json", default=None, help="write results here")
     engine.add_argument(
         "--bandwidth-matrix-mb",

@@ -43,6 +43,8 @@ class BenchConfig:
     seed: int
     json_path: str | None
     matrix_bytes: int | None  # None: sized from the last-level cache
+    # EngineConfig.paged_attention_kernel: False times decode attention by gather + SDPA.
+    paged_attention_kernel: bool = True
 
     def __post_init__(self) -> None:
         if min(self.context_tokens, self.steps, self.rounds) < 1:
@@ -66,6 +68,7 @@ class BenchConfig:
             seed=args.seed,
             json_path=args.json,
             matrix_bytes=None if matrix_mb is None else matrix_mb << 20,
+            paged_attention_kernel=getattr(args, "decode_attention", "kernel") == "kernel",
         )
 
     def all_batch_sizes(self) -> list[int]:
@@ -100,6 +103,7 @@ def make_engine(config: BenchConfig, max_active_seqs: int, num_kv_blocks: int) -
             device=config.device,
             num_threads=config.threads,
             seed=config.seed,
+            paged_attention_kernel=config.paged_attention_kernel,
         ),
     )
 

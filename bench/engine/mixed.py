@@ -8,7 +8,9 @@ engine` times only short-context pure decodes. This times three steps over one M
 paged cache, interleaved round by round (mixed, its decodes alone, its chunk alone), so a
 before/after on a quiet machine sees the mixed step and what it is made of. `--profile` adds
 the torch profiler's split of the mixed step: input building, attention metadata, K/V
-write + gather, SDPA, linears, and the rest.
+write + gather, SDPA, the paged decode kernel, linears, and the rest. `--decode-attention both`
+times every step with the paged decode kernel and with gather + SDPA, interleaved, in one
+process (the kernel's before/after on the same cache).
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ from bench.engine.mixed_step import MixedStepShape, blocks_for, build_mixed_step
 from engine.core.scheduler_output import SchedulerOutput
 from engine.model import attention
 from engine.model import runner as model_runner
+from engine.model.kernels.paged_decode import PagedDecodeKernel
 from engine.model.prepacked_linear import PrepackedLinear
 from engine.model.runner import ModelRunner
 from engine.model.weights import DTYPES, load_model
@@ -68,30 +71,53 @@ def _time_step(runner: ModelRunner, step: SchedulerOutput, repeats: int) -> floa
 
 
 def mixed_step_rows(
-    runner: ModelRunner, shapes: dict[str, MixedStepShape], rounds: int, repeats: int
+    runner: ModelRunner,
+    shapes: dict[str, MixedStepShape],
+    rounds: int,
+    repeats: int,
+    decode_attention: str = "engine",
 ) -> list[dict[str, Any]]:
     """Per step shape: the median over rounds of its mean over `repeats` back-to-back runs.
 
     NOTE: the shapes alternate inside each round (A, B, C, A, B, C, ...), so a burst of load
-    from another process spoils one sample of each, not every sample of one.
+    from another process spoils one sample of each, not every sample of one. With
+    `decode_attention="both"` each shape runs twice per round, with the runner's paged decode
+    kernel and without it (gather + SDPA).
     """
-    steps = {name: build_mixed_step(runner, shape) for name, shape in shapes.items()}
-    for step in steps.values():  # warm-up: first touches of the cache and the buffers
+    kernel = runner.decode_kernel
+    variants: dict[str, list[PagedDecodeKernel | None]] = {
+        "engine": [kernel],
+        "kernel": [kernel],
+        "sdpa": [None],
+        "both": [kernel, None],
+    }
+    if decode_attention in ("kernel", "both") and kernel is None:
+        raise SystemExit("the paged decode kernel is not available here (see the log above)")
+    runs = [
+        (name, shape, variant, build_mixed_step(runner, shape))
+        for name, shape in shapes.items()
+        for variant in variants[decode_attention]
+    ]
+    samples: list[list[float]] = [[] for _ in runs]
+    for _, _, variant, step in runs:  # warm-up: first touches of the cache and the buffers
+        runner.decode_kernel = variant
         runner.execute(step)
-    samples: dict[str, list[float]] = {name: [] for name in steps}
     for _ in range(rounds):
-        for name, step in steps.items():
-            samples[name].append(_time_step(runner, step, repeats))
+        for index, (_, _, variant, step) in enumerate(runs):
+            runner.decode_kernel = variant
+            samples[index].append(_time_step(runner, step, repeats))
+    runner.decode_kernel = kernel
     rows = []
-    for name, shape in shapes.items():
-        step_s = statistics.median(samples[name])
+    for (name, shape, variant, _), times in zip(runs, samples, strict=True):
+        step_s = statistics.median(times)
         rows.append(
             {
                 "step": name,
+                "decode_attention": "paged-kernel" if variant is not None else "gather-sdpa",
                 "shape": dataclasses.asdict(shape),
                 "label": shape.label,
                 "step_ms": step_s * 1e3,
-                "step_ms_min": min(samples[name]) * 1e3,
+                "step_ms_min": min(times) * 1e3,
                 "tokens_per_s": (shape.decodes + shape.prefill_chunk_tokens) / step_s,
             }
         )
@@ -133,6 +159,9 @@ def profile_shares(runner: ModelRunner, step: SchedulerOutput, steps: int) -> di
         stack.enter_context(_patched(paged, "_gather", _ranged("mix:gather")))
         # attention.py looks F.scaled_dot_product_attention up at each call: patch the module.
         stack.enter_context(_patched(F, "scaled_dot_product_attention", _ranged("mix:sdpa")))
+        if runner.decode_kernel is not None:
+            kernel = runner.decode_kernel
+            stack.enter_context(_patched(kernel, "attend", _ranged("mix:kernel")))
         for linear in linears:
             stack.enter_context(_patched(linear, "forward", _ranged("mix:linear")))
         started = time.perf_counter()
@@ -147,12 +176,15 @@ def profile_shares(runner: ModelRunner, step: SchedulerOutput, steps: int) -> di
     }
     attend = totals.get("mix:attend", 0.0)
     sdpa = totals.get("mix:sdpa", 0.0)
+    kernel_ms = totals.get("mix:kernel", 0.0)
+    gather = totals.get("mix:gather", 0.0)
     shares = {
         "inputs (positions, slots, block tables)": totals.get("mix:inputs", 0.0),
         "attention metadata (groups, masks)": totals.get("mix:metadata", 0.0),
-        "attention: K/V gather": totals.get("mix:gather", 0.0),
-        "attention: K/V write and the rest": attend - sdpa - totals.get("mix:gather", 0.0),
+        "attention: K/V gather": gather,
+        "attention: K/V write and the rest": attend - sdpa - gather - kernel_ms,
         "attention: SDPA": sdpa,
+        "attention: paged decode kernel": kernel_ms,
         "linears (qkv, o, mlp, lm_head)": totals.get("mix:linear", 0.0),
     }
     shares["rest (norms, rope, activations, sampling, Python)"] = wall_ms - sum(shares.values())
@@ -177,19 +209,21 @@ def run_mixed_step_bench(args: argparse.Namespace) -> int:
         model_runner.DECODE_GROUP_BYTES = (args.decode_group_kb << 10) or None
     shapes = _shapes(args)
     runner = _runner(args, shapes)
-    rows = mixed_step_rows(runner, shapes, args.rounds, args.repeats)
+    rows = mixed_step_rows(runner, shapes, args.rounds, args.repeats, args.decode_attention)
     result: dict[str, Any] = {
         "model": str(args.model),
         "dtype": args.dtype,
         "threads": torch.get_num_threads(),
         "torch": torch.__version__,
         "prepacked_linears": runner.prepacked,
+        "decode_attention": args.decode_attention,
         "upcast_cpu_decode": attention.UPCAST_CPU_DECODE,
         "decode_group_bytes": model_runner.DECODE_GROUP_BYTES,
         "rows": rows,
     }
     for row in rows:
-        print(f"{row['step']:<13} {row['label']:<48} {row['step_ms']:8.2f} ms")
+        attention_used = row["decode_attention"]
+        print(f"{row['step']:<13} {attention_used:<12} {row['label']:<48} {row['step_ms']:8.2f} ms")
     if args.profile:
         shares = profile_shares(runner, build_mixed_step(runner, shapes["mixed"]), args.repeats)
         result["profile_ms"] = shares
@@ -221,6 +255,12 @@ def build_parser() -> argparse.ArgumentParser:
         type=int,
         default=None,
         help="cap on one decode group's gathered K/V in KiB (0: no cap; default: the engine's)",
+    )
+    parser.add_argument(
+        "--decode-attention",
+        choices=("engine", "kernel", "sdpa", "both"),
+        default="engine",
+        help="decode attention: the engine's choice, the paged kernel, gather + SDPA, or both",
     )
     parser.add_argument("--profile", action="store_true", help="split the mixed step by part")
     parser.add_argument("--json", default=None, help="write results here")

@@ -32,6 +32,8 @@ def model_info(config: BenchConfig, engine: LLMEngine, shape: ModelShape) -> dic
         # Which GEMM path the decode steps took (EngineConfig.prepack_linears): on a Zen 4 CPU
         # it is the largest single factor in the step time.
         "linears": "onednn-prepacked" if engine.runner.prepacked else "torch",
+        # Which decode attention ran (EngineConfig.paged_attention_kernel).
+        "decode_attention": "paged-kernel" if engine.runner.decode_kernel else "gather-sdpa",
     }
 
 

@@ -62,6 +62,7 @@ class LLMEngine:
             self.device,
             self.config.seed,
             prepack=self.config.prepack_linears,
+            paged_kernel=self.config.paged_attention_kernel,
         )
         self.tokenizer = tokenizer
         self._init_core(model_config, runner, num_blocks, tokenizer.eos_token_ids)

@@ -14,6 +14,8 @@ from typing import Protocol
 import torch
 import torch.nn.functional as F
 
+from engine.model.kernels.paged_decode import PagedDecodeKernel
+
 # bf16/fp16 decode attention on CPU runs over fp32 copies (see PagedAttention._decode); a
 # module switch so that a benchmark can time both in one process.
 UPCAST_CPU_DECODE = True
@@ -69,8 +71,11 @@ class DecodeGroup:
     row_end: int
     # [rows, max_blocks] block tables, padded with block 0 (masked out).
     block_tables: torch.Tensor
-    # [rows, 1, 1, max_blocks * block_size]: 0 where a key position is valid, -inf elsewhere.
-    mask: torch.Tensor
+    # [rows, 1, 1, max_blocks * block_size]: 0 where a key position is valid, -inf elsewhere;
+    # None for the paged kernel, which reads `context_lens` instead.
+    mask: torch.Tensor | None
+    # [rows] int64 keys per row: set when the paged decode kernel attends the group in place.
+    context_lens: torch.Tensor | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -110,12 +115,18 @@ class PagedAttention:
     """K/V cache per layer: [num_blocks, block_size, kv_heads, head_dim] for K and for V."""
 
     def __init__(
-        self, kv_cache: torch.Tensor, metadata: PagedAttentionMetadata, buffers: GatherBuffers
+        self,
+        kv_cache: torch.Tensor,
+        metadata: PagedAttentionMetadata,
+        buffers: GatherBuffers,
+        decode_kernel: PagedDecodeKernel | None = None,
     ):
         # kv_cache: [layers, 2, num_blocks, block_size, kv_heads, head_dim]
         self.kv_cache = kv_cache
         self.meta = metadata
         self.buffers = buffers
+        # Attends the decode groups that carry context_lens, over the cache in place.
+        self.decode_kernel = decode_kernel
 
     def attend(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         k_cache, v_cache = self.kv_cache[layer, 0], self.kv_cache[layer, 1]
@@ -175,6 +186,12 @@ class PagedAttention:
         self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, group: DecodeGroup
     ) -> torch.Tensor:
         """A group of single-token queries at once over their padded, gathered blocks."""
+        if group.context_lens is not None:
+            assert self.decode_kernel is not None, "a kernel group needs the decode kernel"
+            return self.decode_kernel.attend(
+                q, k_cache, v_cache, group.block_tables, group.context_lens
+            )
+        assert group.mask is not None
         batch = group.block_tables.shape[0]
         k_buf, v_buf = self._gather(k_cache, v_cache, group.block_tables.flatten())
         keys = k_buf.view(batch, -1, *k_cache.shape[2:]).transpose(1, 2)

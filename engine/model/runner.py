@@ -14,6 +14,7 @@ from engine.model.attention import (
     decode_attention_dtype,
 )
 from engine.model.config import ModelConfig
+from engine.model.kernels.paged_decode import PagedDecodeKernel, paged_decode_kernel
 from engine.model.prepacked_linear import prepack_linears, prepacking_supported
 from engine.model.sampler import Sampler
 from engine.model.step_inputs import StepInputBuilder, StepInputs
@@ -45,6 +46,7 @@ class ModelRunner:
         seed: int,
         *,
         prepack: bool = True,
+        paged_kernel: bool = True,
     ):
         config = model.config
         # oneDNN-prepacked weights where this CPU runs them (engine/model/prepacked_linear.py: 2-7x
@@ -66,6 +68,10 @@ class ModelRunner:
             dtype=dtype,
             device=device,
         )
+        # Decode attention over the cache in place (engine/model/kernels/) where it runs: fp32
+        # caches on CPU, with a C compiler here; else gathered copies and torch's SDPA.
+        # `paged_kernel=False` keeps the latter (EngineConfig.paged_attention_kernel).
+        self.decode_kernel = _decode_kernel(config, dtype, device) if paged_kernel else None
         self.sampler = Sampler(device, seed)
         self.gather_buffers = GatherBuffers()
         self.inputs = StepInputBuilder(block_size, device)
@@ -78,7 +84,7 @@ class ModelRunner:
         chunks = sorted(output.chunks, key=lambda c: (c.num_tokens != 1, c.end_pos))
         inputs = self.inputs.build(chunks)
         meta = self._metadata(chunks, inputs)
-        attention = PagedAttention(self.kv_cache, meta, self.gather_buffers)
+        attention = PagedAttention(self.kv_cache, meta, self.gather_buffers, self.decode_kernel)
         hidden = self.model(inputs.input_ids, inputs.positions, attention)
         sampling = inputs.sampling_chunks
         if not sampling:
@@ -103,13 +109,19 @@ class ModelRunner:
         block_bytes = 2 * cache[0, 0, 0].numel() * cache.element_size()
         # The cap is for CPU caches; on a GPU more groups would only mean more kernel launches.
         cap = DECODE_GROUP_BYTES if self.device.type == "cpu" else None
-        for group in length_groups(block_counts, block_bytes, cap):
+        # The kernel reads each row's own blocks: one group of every decode, no padding.
+        runs = [num_singles] if self.decode_kernel is not None and num_singles else None
+        for group in runs or length_groups(block_counts, block_bytes, cap):
             end = start + group
             max_blocks = block_counts[end - 1]  # ascending context: the last is the longest
             # Contiguous once per step: every layer's gather flattens it (a view, not a copy).
             tables = table.index_select(0, inputs.rows[start:end])[:, :max_blocks].contiguous()
-            key_pos = self.inputs.arange(max_blocks * size)
             lengths = inputs.context_lens[start:end]
+            if runs is not None:
+                groups.append(DecodeGroup(start, end, tables, None, lengths.contiguous()))
+                start = end
+                continue
+            key_pos = self.inputs.arange(max_blocks * size)
             visible = key_pos.unsqueeze(0) < lengths.unsqueeze(1)
             mask = additive_mask(visible, decode_attention_dtype(dtype, self.device))
             groups.append(DecodeGroup(start, end, tables, mask.view(group, 1, 1, -1)))
@@ -129,6 +141,17 @@ class ModelRunner:
             )
             start += chunk.num_tokens
         return PagedAttentionMetadata(inputs.slot_mapping, tuple(groups), tuple(spans))
+
+
+def _decode_kernel(
+    config: ModelConfig, dtype: torch.dtype, device: torch.device
+) -> PagedDecodeKernel | None:
+    if device.type != "cpu" or dtype != torch.float32:
+        return None
+    heads, kv_heads = config.num_attention_heads, config.num_key_value_heads
+    if not PagedDecodeKernel.supports(heads, kv_heads, config.head_dim):
+        return None
+    return paged_decode_kernel()
 
 
 def additive_mask(visible: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:

@@ -3,7 +3,9 @@
 A mixed step as serving makes them (decodes over contexts of many lengths in several length
 groups, a prefill chunk in the middle of its prompt, a first chunk) over blocks scattered in
 the cache: every query's output must equal softmax(q·K/sqrt(d))·V computed in float64 over
-exactly the keys it may see, read back from the cache through its block table.
+exactly the keys it may see, read back from the cache through its block table. Both decode
+paths: the paged decode kernel over the cache in place (the CPU default), and gathered copies
+through torch's SDPA (`paged_kernel=False`, and every device the kernel does not run on).
 """
 
 from __future__ import annotations
@@ -25,11 +27,20 @@ from engine.model.weights import load_model
 BLOCK_SIZE = 4
 
 
-def _runner(model_dir: Path, num_blocks: int) -> ModelRunner:
+def _runner(model_dir: Path, num_blocks: int, *, paged_kernel: bool = False) -> ModelRunner:
     model, _ = load_model(model_dir, torch.float32, torch.device("cpu"))
-    return ModelRunner(
-        model, num_blocks, BLOCK_SIZE, torch.float32, torch.device("cpu"), seed=0, prepack=False
+    runner = ModelRunner(
+        model,
+        num_blocks,
+        BLOCK_SIZE,
+        torch.float32,
+        torch.device("cpu"),
+        seed=0,
+        prepack=False,
+        paged_kernel=paged_kernel,
     )
+    assert (runner.decode_kernel is not None) == paged_kernel, "the kernel was meant to build"
+    return runner
 
 
 def _mixed_step(runner: ModelRunner) -> list[ScheduledChunk]:
@@ -94,18 +105,31 @@ def _attend(runner: ModelRunner, chunks: list[ScheduledChunk]) -> tuple[torch.Te
     with torch.inference_mode():
         inputs = runner.inputs.build(chunks)
         meta = runner._metadata(chunks, inputs)
-        out = PagedAttention(runner.kv_cache, meta, runner.gather_buffers).attend(0, q, k, v)
+        attention = PagedAttention(
+            runner.kv_cache, meta, runner.gather_buffers, runner.decode_kernel
+        )
+        out = attention.attend(0, q, k, v)
     return q, out
 
 
-def test_mixed_step_equals_dense_attention_over_scattered_blocks(tiny_model_dir: Path) -> None:
-    runner = _runner(tiny_model_dir, num_blocks=400)
+@pytest.mark.parametrize("paged_kernel", [True, False], ids=["paged-kernel", "gather-sdpa"])
+def test_mixed_step_equals_dense_attention_over_scattered_blocks(
+    tiny_model_dir: Path, paged_kernel: bool
+) -> None:
+    runner = _runner(tiny_model_dir, num_blocks=400, paged_kernel=paged_kernel)
     chunks = _mixed_step(runner)
     assert len({c.num_tokens for c in chunks}) >= 3, "decodes, a middle chunk and a first chunk"
     q, out = _attend(runner, chunks)
     with torch.inference_mode():
         meta_groups = runner._metadata(chunks, runner.inputs.build(chunks)).decodes
-    assert len(meta_groups) >= 2, "contexts this spread were meant to make several groups"
+    if paged_kernel:
+        # Every decode in one call, each over its own context: no padding, no mask.
+        (group,) = meta_groups
+        assert group.mask is None and group.context_lens is not None
+        decodes = [c for c in chunks if c.num_tokens == 1]
+        assert group.context_lens.tolist() == [c.end_pos for c in decodes]
+    else:
+        assert len(meta_groups) >= 2, "contexts this spread were meant to make several groups"
     expected = _reference(q, runner.kv_cache[0, 0], runner.kv_cache[0, 1], chunks)
     torch.testing.assert_close(out.double(), expected, atol=2e-5, rtol=1e-5)
 
@@ -150,8 +174,9 @@ def test_masks_are_built_once_per_step_as_additive_floats(tiny_model_dir: Path) 
     with torch.inference_mode():
         meta = runner._metadata(chunks, runner.inputs.build(chunks))
     masks = [g.mask for g in meta.decodes] + [s.mask for s in meta.prefills if s.mask is not None]
-    assert masks
+    assert masks and all(mask is not None for mask in masks)
     for mask in masks:
+        assert mask is not None
         # SDPA would convert a boolean mask in every call of every layer.
         assert mask.dtype == torch.float32
         assert bool(((mask == 0) | (mask == -math.inf)).all())
@@ -186,4 +211,6 @@ def test_engine_stays_exact_with_a_decode_group_per_sequence(
     from tests.engine.test_engine_exactness import test_greedy_matches_dense_reference
 
     monkeypatch.setattr(model_runner, "DECODE_GROUP_BYTES", 1)
-    test_greedy_matches_dense_reference(tiny_model_dir, chunk_tokens, num_kv_blocks, block_size)
+    test_greedy_matches_dense_reference(
+        tiny_model_dir, chunk_tokens, num_kv_blocks, block_size, paged_attention_kernel=False
+    )

@@ -59,9 +59,11 @@ def exactness_engine(
     dtype: str,
     *,
     enable_prefix_caching: bool = False,
+    paged_attention_kernel: bool = True,
 ) -> LLMEngine:
     """Six sequences at once, odd chunks, a small KV pool: the set-up every exactness test runs."""
     config = EngineConfig(
+        paged_attention_kernel=paged_attention_kernel,
         max_active_seqs=6,
         step_token_budget=max(chunk_tokens, 6) + 6,
         bulk_prefill_chunk_tokens=chunk_tokens,
@@ -108,7 +110,11 @@ def run_greedy(
     [(7, 40, 4), (13, 24, 8), (64, 200, 16)],
 )
 def test_greedy_matches_dense_reference(
-    tiny_model_dir: Path, chunk_tokens: int, num_kv_blocks: int, block_size: int
+    tiny_model_dir: Path,
+    chunk_tokens: int,
+    num_kv_blocks: int,
+    block_size: int,
+    paged_attention_kernel: bool = True,
 ) -> None:
     engine = exactness_engine(
         tiny_model_dir,
@@ -117,7 +123,10 @@ def test_greedy_matches_dense_reference(
         block_size,
         "float32",
         enable_prefix_caching=True,
+        paged_attention_kernel=paged_attention_kernel,
     )
+    # The default path on CPU (tests/engine/test_paged_decode_kernel.py covers the kernel).
+    assert (engine.runner.decode_kernel is not None) == paged_attention_kernel
     rng = random.Random(chunk_tokens)
     prompts = random_prompts(rng, 14, engine.model_config.vocab_size)
     max_tokens = 10

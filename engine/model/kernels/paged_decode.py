@@ -1,0 +1,96 @@
+"""Decode attention over the paged KV cache in place: the binding of paged_decode_attention.c.
+
+`paged_decode_kernel()` compiles the kernel once per machine and returns it, or None where it
+cannot run here (no C compiler, a failed build); the runner then keeps the gather + SDPA path.
+Only fp32 caches on CPU take it: bf16 decode attention runs over fp32 copies anyway
+(engine/model/attention.py), and CUDA has its own kernels.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+import math
+from pathlib import Path
+
+import structlog
+import torch
+
+from engine.model.kernels.native_build import KernelBuildError, load_kernel
+
+__all__ = ["PagedDecodeKernel", "paged_decode_kernel"]
+
+_SOURCE = Path(__file__).with_name("paged_decode_attention.c")
+# The C file's limits (MAX_GROUP, MAX_HEAD_DIM, MAX_ACC): shapes past them keep SDPA.
+_MAX_GROUP = 64
+_MAX_HEAD_DIM = 512
+_MAX_ACC = 64 * 128
+log = structlog.get_logger("mixgate.kernels")
+
+
+class PagedDecodeKernel:
+    """Single-token queries, each over its own blocks of one layer's K/V cache."""
+
+    def __init__(self, library: ctypes.CDLL) -> None:
+        fn = library.mixgate_paged_decode_attention_f32
+        i64, ptr = ctypes.c_int64, ctypes.c_void_p
+        fn.argtypes = [ptr, ptr, ptr, ptr, i64, ptr, ptr, i64, i64, i64, i64, i64]
+        fn.argtypes += [ctypes.c_float, ctypes.c_int]
+        fn.restype = ctypes.c_int
+        self._fn = fn
+
+    @staticmethod
+    def supports(heads: int, kv_heads: int, head_dim: int) -> bool:
+        if kv_heads < 1 or heads % kv_heads:
+            return False
+        group = heads // kv_heads
+        return group <= _MAX_GROUP and head_dim <= _MAX_HEAD_DIM and heads * head_dim <= _MAX_ACC
+
+    def attend(
+        self,
+        q: torch.Tensor,
+        k_cache: torch.Tensor,
+        v_cache: torch.Tensor,
+        block_tables: torch.Tensor,
+        context_lens: torch.Tensor,
+    ) -> torch.Tensor:
+        """q [rows, heads, d] fp32; caches [blocks, block_size, kv_heads, d] (one layer);
+        block_tables int64 [rows, width]; context_lens int64 [rows] -> [rows, heads, d]."""
+        q = q.contiguous()
+        rows, heads, head_dim = q.shape
+        if not (k_cache.is_contiguous() and v_cache.is_contiguous()):
+            raise ValueError("the K/V cache of a layer must be contiguous")
+        if block_tables.dtype != torch.long or context_lens.dtype != torch.long:
+            raise ValueError("block tables and context lengths must be int64")
+        tables = block_tables.contiguous()
+        lengths = context_lens.contiguous()
+        out = torch.empty_like(q)
+        status = self._fn(
+            q.data_ptr(),
+            k_cache.data_ptr(),
+            v_cache.data_ptr(),
+            tables.data_ptr(),
+            tables.shape[1],
+            lengths.data_ptr(),
+            out.data_ptr(),
+            rows,
+            heads,
+            k_cache.shape[2],
+            head_dim,
+            k_cache.shape[1],
+            1.0 / math.sqrt(head_dim),
+            torch.get_num_threads(),
+        )
+        if status != 0:
+            raise ValueError("paged decode attention refused these shapes")
+        return out
+
+
+@functools.cache
+def paged_decode_kernel() -> PagedDecodeKernel | None:
+    """The kernel, built on first use; None (logged once) where it cannot be built here."""
+    try:
+        return PagedDecodeKernel(load_kernel(_SOURCE))
+    except KernelBuildError as error:
+        log.warning("paged_decode_kernel_unavailable", reason=str(error)[:500])
+        return None
