@@ -15,6 +15,11 @@ ENV PYTHONDONTWRITEBYTECODE=1 \
     PIP_NO_CACHE_DIR=1 \
     PIP_DISABLE_PIP_VERSION_CHECK=1
 
+# gcc: the engine compiles its C kernels on first start, for the CPU it runs on
+# (engine/model/kernels/); without it decode attention falls back to torch's slower path.
+RUN apt-get update && apt-get install -y --no-install-recommends gcc libc6-dev \
+    && rm -rf /var/lib/apt/lists/*
+
 # NOTE: torch first and pinned, from TORCH_INDEX: an unpinned torch can pull a multi-GB CUDA build.
 RUN pip install "torch==${TORCH_VERSION}" --index-url "${TORCH_INDEX}"
 
