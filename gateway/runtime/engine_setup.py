@@ -61,6 +61,7 @@ def engine_config(envelope: Envelope, settings: Settings) -> EngineConfig:
         device=settings.device,
         num_threads=settings.num_threads,
         scheduling_policy=settings.policy,
+        paged_attention_kernel=settings.paged_attention_kernel,
     )
 
 

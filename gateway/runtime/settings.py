@@ -71,6 +71,9 @@ class Settings:
     dtype: str = "float32"
     num_threads: int | None = None
     kv_cache_bytes: int = 1 << 30
+    # The native engine's decode attention by its own C kernel over the paged cache (CPU, fp32;
+    # built with the machine's gcc on first use); false keeps torch's gather + SDPA.
+    paged_attention_kernel: bool = True
     log_level: str = "info"
     log_json: bool = True
     # "mixgate" | "priority" | "fcfs": the scheduling preset (policies/scheduling_policy.py).
@@ -203,7 +206,7 @@ def _parse(name: str, raw: str) -> Any:
             return int(raw)
         if name in _FLOATS:
             return float(raw)
-        if name in ("log_json", "engine_process"):
+        if name in ("log_json", "engine_process", "paged_attention_kernel"):
             return raw.lower() in ("1", "true", "yes", "on")
     except ValueError as error:
         raise ValueError(f"{ENV_PREFIX}{name.upper()}={raw!r}: {error}") from error

@@ -13,8 +13,11 @@ def test_environment_sets_typed_values() -> None:
             "MIXGATE_JOB_INTAKE_CONCURRENCY": "4",
             "MIXGATE_BODY_READ_TIMEOUT_S": "2.5",
             "MIXGATE_CLAIM_CLASSES": "bulk",
+            "MIXGATE_PAGED_ATTENTION_KERNEL": "0",
         }
     )
+    assert settings.paged_attention_kernel is False
+    assert Settings.from_env({}).paged_attention_kernel is True
     assert settings.job_intake_concurrency == 4
     assert settings.body_read_timeout_s == 2.5
     assert settings.claimed_classes == frozenset({"bulk"})
@@ -32,3 +35,12 @@ def test_environment_sets_typed_values() -> None:
 def test_bad_values_are_refused(name: str, value: str) -> None:
     with pytest.raises(ValueError):
         Settings.from_env({name: value})
+
+
+def test_the_kernel_switch_reaches_the_engine_config() -> None:
+    from gateway.runtime.engine_setup import engine_config
+    from policies.envelope import Envelope
+
+    off = Settings.from_env({"MIXGATE_PAGED_ATTENTION_KERNEL": "false"})
+    assert engine_config(Envelope.default(), off).paged_attention_kernel is False
+    assert engine_config(Envelope.default(), Settings()).paged_attention_kernel is True
