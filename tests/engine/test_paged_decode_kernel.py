@@ -152,6 +152,18 @@ def test_a_build_is_cached_per_source_and_reused(
     assert len(list(tmp_path.glob("paged_decode_attention-*.so"))) == 2
 
 
+def test_an_unwritable_cache_is_a_build_error_not_a_crash(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A file where the cache folder should be: the build cannot write there.
+    blocker = tmp_path / "not-a-folder"
+    blocker.write_text("")
+    monkeypatch.setenv("MIXGATE_KERNEL_CACHE", str(blocker / "kernels"))
+    source = Path(native_build.__file__).with_name("paged_decode_attention.c")
+    with pytest.raises(native_build.KernelBuildError, match="could not write"):
+        native_build.load_kernel(source)
+
+
 def test_without_a_compiler_the_runner_keeps_gather_and_sdpa(
     tiny_model_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

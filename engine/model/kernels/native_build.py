@@ -93,13 +93,17 @@ def _run(command: list[str]) -> None:
 
 
 def _build(source_path: Path, target: Path, compiler: str) -> None:
-    target.parent.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory(dir=target.parent, prefix=".build-") as scratch:
-        obj = Path(scratch) / "kernel.o"
-        lib = Path(scratch) / target.name
-        _run([compiler, *COMPILE_FLAGS, "-c", str(source_path), "-o", str(obj)])
-        _run([compiler, *LINK_FLAGS, str(obj), *LINK_LIBRARIES, "-o", str(lib)])
-        os.replace(lib, target)  # atomic: a concurrent loader sees no file or the whole one
+    try:
+        target.parent.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryDirectory(dir=target.parent, prefix=".build-") as scratch:
+            obj = Path(scratch) / "kernel.o"
+            lib = Path(scratch) / target.name
+            _run([compiler, *COMPILE_FLAGS, "-c", str(source_path), "-o", str(obj)])
+            _run([compiler, *LINK_FLAGS, str(obj), *LINK_LIBRARIES, "-o", str(lib)])
+            os.replace(lib, target)  # atomic: a concurrent loader sees no file or the whole one
+    except OSError as error:
+        # A read-only or full cache folder: the engine falls back rather than fail to start.
+        raise KernelBuildError(f"could not write {target}: {error}") from error
 
 
 def load_kernel(source_path: Path) -> ctypes.CDLL:
