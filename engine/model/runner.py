@@ -109,22 +109,26 @@ class ModelRunner:
         block_bytes = 2 * cache[0, 0, 0].numel() * cache.element_size()
         # The cap is for CPU caches; on a GPU more groups would only mean more kernel launches.
         cap = DECODE_GROUP_BYTES if self.device.type == "cpu" else None
-        # The kernel reads each row's own blocks: one group of every decode, no padding.
-        runs = [num_singles] if self.decode_kernel is not None and num_singles else None
-        for group in runs or length_groups(block_counts, block_bytes, cap):
+        # The kernel reads each row's own blocks: every decode in one group, no padding, no mask.
+        kernel = self.decode_kernel is not None
+        runs = (
+            [num_singles]
+            if kernel and num_singles
+            else length_groups(block_counts, block_bytes, cap)
+        )
+        for group in runs:
             end = start + group
             max_blocks = block_counts[end - 1]  # ascending context: the last is the longest
             # Contiguous once per step: every layer's gather flattens it (a view, not a copy).
             tables = table.index_select(0, inputs.rows[start:end])[:, :max_blocks].contiguous()
             lengths = inputs.context_lens[start:end]
-            if runs is not None:
-                groups.append(DecodeGroup(start, end, tables, None, lengths.contiguous()))
-                start = end
-                continue
-            key_pos = self.inputs.arange(max_blocks * size)
-            visible = key_pos.unsqueeze(0) < lengths.unsqueeze(1)
-            mask = additive_mask(visible, decode_attention_dtype(dtype, self.device))
-            groups.append(DecodeGroup(start, end, tables, mask.view(group, 1, 1, -1)))
+            if kernel:
+                groups.append(DecodeGroup(start, end, tables, None, lengths))
+            else:
+                key_pos = self.inputs.arange(max_blocks * size)
+                visible = key_pos.unsqueeze(0) < lengths.unsqueeze(1)
+                mask = additive_mask(visible, decode_attention_dtype(dtype, self.device))
+                groups.append(DecodeGroup(start, end, tables, mask.view(group, 1, 1, -1)))
             start = end
         spans = []
         for index in range(num_singles, len(chunks)):

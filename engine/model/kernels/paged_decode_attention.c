@@ -27,6 +27,12 @@
 
 /* Query heads of kv heads [kv_first, kv_first + kv_count) of one row; q and out point at the
  * row's first query head of kv_first, scores holds kv_count x group x context_len floats. */
+/* Keys of block b that lie inside a context of context_len (the last block may be partial). */
+static inline int64_t tokens_in_block(int64_t context_len, int64_t b, int64_t block_size) {
+    const int64_t left = context_len - b * block_size;
+    return left < block_size ? left : block_size;
+}
+
 static void attend_row_heads(const float *q, const float *k_cache, const float *v_cache,
                              const int64_t *table, int64_t context_len, float *out,
                              int64_t group, int64_t kv_heads, int64_t kv_first, int64_t kv_count,
@@ -35,11 +41,10 @@ static void attend_row_heads(const float *q, const float *k_cache, const float *
     const int64_t token_stride = kv_heads * head_dim;
     const int64_t block_stride = block_size * token_stride;
     const int64_t num_blocks = (context_len + block_size - 1) / block_size;
-    /* pass 1: scores[g * context_len + t] = q_g . k_t * scale */
+    /* pass 1: scores[h * context_len + t] = q_h . k_t * scale */
     for (int64_t b = 0; b < num_blocks; ++b) {
         const float *k_block = k_cache + table[b] * block_stride + kv_first * head_dim;
-        const int64_t first = b * block_size;
-        const int64_t count = context_len - first < block_size ? context_len - first : block_size;
+        const int64_t first = b * block_size, count = tokens_in_block(context_len, b, block_size);
         for (int64_t t = 0; t < count; ++t) {
             for (int64_t h = 0; h < heads; ++h) {
                 /* query head h of this task reads the keys of its kv head, h / group */
@@ -67,13 +72,12 @@ static void attend_row_heads(const float *q, const float *k_cache, const float *
 #pragma omp simd
         for (int64_t t = 0; t < context_len; ++t) s[t] *= inv;
     }
-    /* pass 2: out_g = sum_t p_g,t * v_t */
+    /* pass 2: out_h = sum_t p_h,t * v_t */
     float acc[MAX_ACC];
     memset(acc, 0, sizeof(float) * heads * head_dim);
     for (int64_t b = 0; b < num_blocks; ++b) {
         const float *v_block = v_cache + table[b] * block_stride + kv_first * head_dim;
-        const int64_t first = b * block_size;
-        const int64_t count = context_len - first < block_size ? context_len - first : block_size;
+        const int64_t first = b * block_size, count = tokens_in_block(context_len, b, block_size);
         for (int64_t t = 0; t < count; ++t) {
             for (int64_t h = 0; h < heads; ++h) {
                 const float *v = v_block + t * token_stride + (h / group) * head_dim;
