@@ -17,4 +17,10 @@ def add_gateway_bench_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--connections", type=int, default=64, help="keep-alive connections for jobs and polls"
     )
+    parser.add_argument(
+        "--command-chats",
+        type=int,
+        default=8,
+        help="streamed chats whose Redis commands are counted (the count is per chat)",
+    )
     parser.add_argument("--json", default=None, help="write results here")

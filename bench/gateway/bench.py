@@ -84,7 +84,9 @@ def _live_phases(args: argparse.Namespace, url: str, work: Path, model_dir: Path
     server = start_bench_server(model_dir, url, work / "server", LIVE_SERVER_ENV)
     try:
         ttft = gateway_ttft_ms(server.url, args.chats)
-        commands = count_chat_commands(url, lambda: streamed_chat(server.url, COMMANDS_CHAT_TOKENS))
+        commands = count_chat_commands(
+            url, lambda: streamed_chat(server.url, COMMANDS_CHAT_TOKENS), chats=args.command_chats
+        )
         with httpx.Client(base_url=server.url) as client:
             model = served_model(client)
         bodies = job_bodies(model, args.submissions)
@@ -130,6 +132,7 @@ def _measure(args: argparse.Namespace, work: Path) -> dict[str, Any]:
             "raw_during_chat": commands.raw_during_chat,
             "idle_per_s": commands.idle_per_s,
             "chat_s": commands.chat_s,
+            "chats": commands.chats,
             "chat_tokens": COMMANDS_CHAT_TOKENS,
         },
         "config": {
@@ -201,9 +204,17 @@ def _print(result: dict[str, Any]) -> None:
 
 
 def run_gateway_bench(args: argparse.Namespace) -> int:
-    for name in ("admissions", "concurrency", "chats", "submissions", "polls", "connections"):
+    for name in (
+        "admissions",
+        "concurrency",
+        "chats",
+        "submissions",
+        "polls",
+        "connections",
+        "command_chats",
+    ):
         if getattr(args, name) < 1:
-            raise SystemExit(f"--{name} must be at least 1")
+            raise SystemExit(f"--{name.replace('_', '-')} must be at least 1")
     with tempfile.TemporaryDirectory(prefix="mixgate-bench-gw-") as tmp:
         result = _measure(args, Path(tmp))
     _print(result)

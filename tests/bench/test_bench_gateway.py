@@ -31,7 +31,7 @@ def test_bench_gateway_writes_every_field(redis_server: str, tmp_path: Path) -> 
     out = tmp_path / "gateway.json"
     argv = ["bench", "gateway", "--redis-url", redis_server, "--admissions", "50"]
     argv += ["--concurrency", "8", "--chats", "5", "--json", str(out)]
-    argv += ["--submissions", "40", "--polls", "80", "--connections", "4"]
+    argv += ["--submissions", "40", "--polls", "80", "--connections", "4", "--command-chats", "2"]
     assert main(argv) == 0
     result = json.loads(out.read_text())
     assert result["admissions_per_s"] > 0
@@ -43,6 +43,7 @@ def test_bench_gateway_writes_every_field(redis_server: str, tmp_path: Path) -> 
     assert result["job_polls_per_s"] > 0
     # A streamed chat costs Redis at least its admit, claim and completion.
     assert result["redis_commands_per_chat"] >= 3
+    assert result["redis_commands"]["chats"] == 2
     for name in PERCENTILE_FIELDS:
         assert set(result[name]) == {"p50", "p99"}, name
         assert result[name]["p50"] > 0, name

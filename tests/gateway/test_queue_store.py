@@ -140,6 +140,32 @@ async def test_admit_stores_every_field(store: QueueStore) -> None:
     assert json.loads(job.request_json)["messages"][0]["content"] == "hi"
 
 
+async def test_status_reads_answer_every_job_in_order_past_one_script_slice(
+    store: QueueStore,
+) -> None:
+    # More ids than one statuses.lua call takes, unknown ones among them: every answer in the
+    # caller's order, None for the unknown, the stored fields for the rest.
+    count = gateway.queue.store.STATUS_READS_PER_SCRIPT + 40
+    await store.admit_many(
+        [
+            _job(f"j{i}", INT if i % 2 else B, enqueue_ms=T0 + i, custom_id=f"c{i}")
+            for i in range(count)
+        ]
+    )
+    ids = [f"j{i}" if i % 7 else f"missing{i}" for i in range(count)]
+    views = await store.job_statuses(ids)
+    assert len(views) == count
+    for i, view in enumerate(views):
+        if i % 7 == 0:
+            assert view is None
+            continue
+        assert view is not None
+        assert (view.job_id, view.enqueue_ms, view.custom_id) == (f"j{i}", T0 + i, f"c{i}")
+        assert view.request_class == (INT if i % 2 else B)
+        assert view.status == JobStatus.QUEUED
+    assert await store.job_statuses([]) == []
+
+
 # ---- claim -------------------------------------------------------------------------------
 
 
