@@ -134,6 +134,20 @@ def _add_bench(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
         help="decode attention: the paged kernel over the cache in place (the engine's default "
         "where it builds), or gathered K/V copies through torch's SDPA",
     )
+    engine.add_argument(
+        "--elementwise",
+        choices=("fused", "eager"),
+        default="fused",
+        help="RMSNorm, SiLU * up and rotary: the engine's C kernels (its default where they "
+        "build), or eager torch ops",
+    )
+    engine.add_argument(
+        "--small-linears",
+        choices=("kernel", "onednn"),
+        default="kernel",
+        help="decode-sized calls of small weights: the engine's C loop (its default where it "
+        "builds), or oneDNN for every call",
+    )
     engine.add_argument("--json", default=None, help="write results here")
     engine.add_argument(
         "--bandwidth-matrix-mb",

@@ -45,6 +45,10 @@ class BenchConfig:
     matrix_bytes: int | None  # None: sized from the last-level cache
     # EngineConfig.paged_attention_kernel: False times decode attention by gather + SDPA.
     paged_attention_kernel: bool = True
+    # EngineConfig.fused_elementwise_kernels: False times eager torch's elementwise ops.
+    fused_elementwise_kernels: bool = True
+    # EngineConfig.small_linear_kernel: False times oneDNN for every linear call.
+    small_linear_kernel: bool = True
 
     def __post_init__(self) -> None:
         if min(self.context_tokens, self.steps, self.rounds) < 1:
@@ -69,6 +73,8 @@ class BenchConfig:
             json_path=args.json,
             matrix_bytes=None if matrix_mb is None else matrix_mb << 20,
             paged_attention_kernel=getattr(args, "decode_attention", "kernel") == "kernel",
+            fused_elementwise_kernels=getattr(args, "elementwise", "fused") == "fused",
+            small_linear_kernel=getattr(args, "small_linears", "kernel") == "kernel",
         )
 
     def all_batch_sizes(self) -> list[int]:
@@ -104,6 +110,8 @@ def make_engine(config: BenchConfig, max_active_seqs: int, num_kv_blocks: int) -
             num_threads=config.threads,
             seed=config.seed,
             paged_attention_kernel=config.paged_attention_kernel,
+            fused_elementwise_kernels=config.fused_elementwise_kernels,
+            small_linear_kernel=config.small_linear_kernel,
         ),
     )
 

@@ -31,9 +31,11 @@ def model_info(config: BenchConfig, engine: LLMEngine, shape: ModelShape) -> dic
         "dtype": str(engine.dtype).removeprefix("torch."),
         # Which GEMM path the decode steps took (EngineConfig.prepack_linears): on a Zen 4 CPU
         # it is the largest single factor in the step time.
-        "linears": "onednn-prepacked" if engine.runner.prepacked else "torch",
+        "linears": _linears(engine),
         # Which decode attention ran (EngineConfig.paged_attention_kernel).
         "decode_attention": "paged-kernel" if engine.runner.decode_kernel else "gather-sdpa",
+        # Which elementwise ops ran (EngineConfig.fused_elementwise_kernels).
+        "elementwise": "fused-kernels" if engine.runner.fused_elementwise else "eager-torch",
     }
 
 
@@ -86,3 +88,10 @@ def render_table(result: dict[str, Any]) -> Table:
             fmt(speedup, digits=2),
         )
     return table
+
+
+def _linears(engine: LLMEngine) -> str:
+    if not engine.runner.prepacked:
+        return "torch"
+    # Small weights' decode-sized calls through the engine's own loop (small_linear_kernel).
+    return "onednn-prepacked+small-kernel" if engine.runner.skinny_linear else "onednn-prepacked"

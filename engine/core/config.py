@@ -42,6 +42,14 @@ class EngineConfig:
     # (engine/model/kernels/; 4-6x faster than gathering K/V copies for torch's SDPA on this
     # project's 2-vCPU machines); False, or no C compiler, keeps the gather and SDPA.
     paged_attention_kernel: bool = True
+    # CPU, fp32: RMSNorm (with the residual add), SiLU * up and rotary each in one C pass
+    # (engine/model/kernels/fused_elementwise.c: 2-4x faster than eager torch's op chains, 4x
+    # for a prefill chunk's SiLU * up); False, or no C compiler, keeps eager torch.
+    fused_elementwise_kernels: bool = True
+    # CPU, fp32, with prepack_linears: weights of <= 2 MiB also through the engine's own C loop
+    # for calls of <= 32 rows (engine/model/kernels/skinny.py: oneDNN's fixed cost per call is
+    # most of such a call); False keeps oneDNN for every call.
+    small_linear_kernel: bool = True
     # torch intra-op threads; None leaves torch's default.
     num_threads: int | None = None
     # Seed for requests without their own seed.

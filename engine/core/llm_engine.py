@@ -63,6 +63,8 @@ class LLMEngine:
             self.config.seed,
             prepack=self.config.prepack_linears,
             paged_kernel=self.config.paged_attention_kernel,
+            fused_elementwise=self.config.fused_elementwise_kernels,
+            small_linear_kernel=self.config.small_linear_kernel,
         )
         self.tokenizer = tokenizer
         self._init_core(model_config, runner, num_blocks, tokenizer.eos_token_ids)

@@ -19,6 +19,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from engine.model.kernels.skinny import MAX_ROWS, SkinnyLinear
+
 __all__ = [
     "PrepackedLinear",
     "bucketed_rows",
@@ -57,17 +59,26 @@ class PrepackedLinear(nn.Module):
 
     The original weight stays reachable as `weight` only when something else shares it (a tied
     lm_head shares the embedding's); otherwise the packed copy replaces it.
+
+    With `skinny` given, a small fp32 weight is also packed for it (engine/model/kernels/
+    skinny.py), and calls of at most MAX_ROWS rows go there instead: oneDNN's fixed cost per
+    call is most of such a call.
     """
 
-    def __init__(self, linear: nn.Linear):
+    def __init__(self, linear: nn.Linear, skinny: SkinnyLinear | None = None):
         super().__init__()
         self.in_features = linear.in_features
         self.out_features = linear.out_features
         weight = linear.weight.detach()
         self.packed = torch.ops.mkldnn._reorder_linear_weight(weight, None)
-        self.bias = None if linear.bias is None else linear.bias.detach()
+        self.bias = None if linear.bias is None else linear.bias.detach().contiguous()
+        self.skinny = skinny if skinny is not None and skinny.takes(weight) else None
+        self.panels = None if self.skinny is None else self.skinny.pack(weight)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        skinny, panels = self.skinny, self.panels
+        if skinny is not None and panels is not None and x.dim() == 2 and x.shape[0] <= MAX_ROWS:
+            return skinny.matmul(x, panels, self.out_features, self.bias)
         return prepacked_matmul(x, self.packed, self.bias)
 
 
@@ -94,9 +105,10 @@ def prepacked_matmul(
     return out.reshape(*x.shape[:-1], out.shape[-1])
 
 
-def prepack_linears(model: nn.Module) -> int:
-    """Replace every nn.Linear in `model` by a PrepackedLinear, and prepack the experts of every
-    module that has `prepack_experts` (engine.model.moe); returns how many linears were replaced."""
+def prepack_linears(model: nn.Module, skinny: SkinnyLinear | None = None) -> int:
+    """Replace every nn.Linear in `model` by a PrepackedLinear (small weights also through
+    `skinny` for few rows), and prepack the experts of every module that has `prepack_experts`
+    (engine.model.moe); returns how many linears were replaced."""
     for module in model.modules():
         prepack_experts = getattr(module, "prepack_experts", None)
         if callable(prepack_experts):
@@ -108,5 +120,5 @@ def prepack_linears(model: nn.Module) -> int:
         if isinstance(child, nn.Linear)
     ]
     for parent, name, child in targets:
-        setattr(parent, name, PrepackedLinear(child))
+        setattr(parent, name, PrepackedLinear(child, skinny))
     return len(targets)

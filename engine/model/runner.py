@@ -14,7 +14,9 @@ from engine.model.attention import (
     decode_attention_dtype,
 )
 from engine.model.config import ModelConfig
+from engine.model.kernels.fused_ops import fused_elementwise_kernel
 from engine.model.kernels.paged_decode import PagedDecodeKernel, paged_decode_kernel
+from engine.model.kernels.skinny import skinny_linear_kernel
 from engine.model.prepacked_linear import prepack_linears, prepacking_supported
 from engine.model.sampler import Sampler
 from engine.model.step_inputs import StepInputBuilder, StepInputs
@@ -47,14 +49,21 @@ class ModelRunner:
         *,
         prepack: bool = True,
         paged_kernel: bool = True,
+        fused_elementwise: bool = True,
+        small_linear_kernel: bool = True,
     ):
         config = model.config
         # oneDNN-prepacked weights where this CPU runs them (engine/model/prepacked_linear.py: 2-7x
         # faster small-row GEMMs than torch's default path on Zen 4); `prepack=False` keeps
         # torch's own linears (EngineConfig.prepack_linears).
         self.prepacked = prepack and prepacking_supported(device, dtype)
+        # Small fp32 weights also through the engine's own few-rows kernel for decode-sized
+        # calls (engine/model/kernels/skinny.py: 1.2-3x faster than oneDNN's per-call cost on
+        # the `small` preset); `small_linear_kernel=False` keeps oneDNN for every call.
+        use_skinny = small_linear_kernel and self.prepacked and dtype == torch.float32
+        self.skinny_linear = skinny_linear_kernel() if use_skinny else None
         if self.prepacked:
-            prepack_linears(model)
+            prepack_linears(model, self.skinny_linear)
         self.model = model
         self.block_size = block_size
         self.device = device
@@ -72,6 +81,14 @@ class ModelRunner:
         # caches on CPU, with a C compiler here; else gathered copies and torch's SDPA.
         # `paged_kernel=False` keeps the latter (EngineConfig.paged_attention_kernel).
         self.decode_kernel = _decode_kernel(config, dtype, device) if paged_kernel else None
+        # RMSNorm, SiLU * up and rotary in one C pass each where it runs (fp32 on CPU, a C
+        # compiler here); `fused_elementwise=False` keeps eager torch
+        # (EngineConfig.fused_elementwise_kernels).
+        cpu_fp32 = device.type == "cpu" and dtype == torch.float32
+        self.fused_elementwise = (
+            fused_elementwise_kernel() if fused_elementwise and cpu_fp32 else None
+        )
+        model.use_fused_elementwise(self.fused_elementwise)
         self.sampler = Sampler(device, seed)
         self.gather_buffers = GatherBuffers()
         self.inputs = StepInputBuilder(block_size, device)

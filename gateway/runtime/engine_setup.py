@@ -62,6 +62,8 @@ def engine_config(envelope: Envelope, settings: Settings) -> EngineConfig:
         num_threads=settings.num_threads,
         scheduling_policy=settings.policy,
         paged_attention_kernel=settings.paged_attention_kernel,
+        fused_elementwise_kernels=settings.fused_elementwise_kernels,
+        small_linear_kernel=settings.small_linear_kernel,
     )
 
 

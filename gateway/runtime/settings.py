@@ -74,6 +74,12 @@ class Settings:
     # The native engine's decode attention by its own C kernel over the paged cache (CPU, fp32;
     # built with the machine's gcc on first use); false keeps torch's gather + SDPA.
     paged_attention_kernel: bool = True
+    # RMSNorm, SiLU * up and rotary by the native engine's own C kernels (CPU, fp32; built with
+    # the machine's gcc on first use); false keeps eager torch.
+    fused_elementwise_kernels: bool = True
+    # Decode-sized calls of small fp32 weights through the native engine's own C loop instead of
+    # oneDNN (CPU); false keeps oneDNN.
+    small_linear_kernel: bool = True
     log_level: str = "info"
     log_json: bool = True
     # "mixgate" | "priority" | "fcfs": the scheduling preset (policies/scheduling_policy.py).
@@ -170,6 +176,13 @@ class Settings:
 
 
 _PATHS = {"model_dir", "data_dir", "envelope_path", "api_keys_path"}
+_BOOLS = {
+    "log_json",
+    "engine_process",
+    "paged_attention_kernel",
+    "fused_elementwise_kernels",
+    "small_linear_kernel",
+}
 _INTS = {
     "port",
     "max_attempts",
@@ -206,7 +219,7 @@ def _parse(name: str, raw: str) -> Any:
             return int(raw)
         if name in _FLOATS:
             return float(raw)
-        if name in ("log_json", "engine_process", "paged_attention_kernel"):
+        if name in _BOOLS:
             return raw.lower() in ("1", "true", "yes", "on")
     except ValueError as error:
         raise ValueError(f"{ENV_PREFIX}{name.upper()}={raw!r}: {error}") from error

@@ -14,10 +14,13 @@ def test_environment_sets_typed_values() -> None:
             "MIXGATE_BODY_READ_TIMEOUT_S": "2.5",
             "MIXGATE_CLAIM_CLASSES": "bulk",
             "MIXGATE_PAGED_ATTENTION_KERNEL": "0",
+            "MIXGATE_FUSED_ELEMENTWISE_KERNELS": "off",
         }
     )
     assert settings.paged_attention_kernel is False
+    assert settings.fused_elementwise_kernels is False
     assert Settings.from_env({}).paged_attention_kernel is True
+    assert Settings.from_env({}).fused_elementwise_kernels is True
     assert settings.job_intake_concurrency == 4
     assert settings.body_read_timeout_s == 2.5
     assert settings.claimed_classes == frozenset({"bulk"})
@@ -37,10 +40,15 @@ def test_bad_values_are_refused(name: str, value: str) -> None:
         Settings.from_env({name: value})
 
 
-def test_the_kernel_switch_reaches_the_engine_config() -> None:
+def test_the_kernel_switches_reach_the_engine_config() -> None:
     from gateway.runtime.engine_setup import engine_config
     from policies.envelope import Envelope
 
-    off = Settings.from_env({"MIXGATE_PAGED_ATTENTION_KERNEL": "false"})
+    off = Settings.from_env(
+        {"MIXGATE_PAGED_ATTENTION_KERNEL": "false", "MIXGATE_FUSED_ELEMENTWISE_KERNELS": "0"}
+    )
     assert engine_config(Envelope.default(), off).paged_attention_kernel is False
-    assert engine_config(Envelope.default(), Settings()).paged_attention_kernel is True
+    assert engine_config(Envelope.default(), off).fused_elementwise_kernels is False
+    on = engine_config(Envelope.default(), Settings())
+    assert on.paged_attention_kernel is True
+    assert on.fused_elementwise_kernels is True

@@ -1,0 +1,135 @@
+"""The few-rows linear kernel (engine/model/kernels/skinny_linear.c) and where it is used.
+
+It must equal x @ W^T + b in float64 for every row count up to its limit (row blocks of 8, a
+last panel that is not full), give a row the same bits whatever its batch or thread count, and
+PrepackedLinear must send it only small fp32 weights' decode-sized calls.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+from torch import nn
+
+from engine.model.kernels import native_build
+from engine.model.kernels.skinny import MAX_ROWS, SkinnyLinear, skinny_linear_kernel
+from engine.model.prepacked_linear import PrepackedLinear, prepacking_supported
+from engine.model.runner import ModelRunner
+from engine.model.weights import load_model
+
+CPU = torch.device("cpu")
+
+
+def _kernel() -> SkinnyLinear:
+    kernel = skinny_linear_kernel()
+    assert kernel is not None, "the kernel did not build here (is gcc installed?)"
+    return kernel
+
+
+@pytest.mark.parametrize(
+    ("out_features", "in_features"), [(512, 256), (259, 256), (256, 768), (5, 3)]
+)
+@pytest.mark.parametrize("rows", [1, 2, 7, 8, 9, 17, 32])
+def test_the_kernel_equals_float64(rows: int, out_features: int, in_features: int) -> None:
+    kernel = _kernel()
+    gen = torch.Generator().manual_seed(rows * out_features + in_features)
+    weight = torch.randn(out_features, in_features, generator=gen) / in_features**0.5
+    bias = torch.randn(out_features, generator=gen)
+    x = torch.randn(rows, in_features, generator=gen)
+    panels = SkinnyLinear.pack(weight)
+    expected = x.double() @ weight.double().T
+    got = kernel.matmul(x, panels, out_features, None)
+    assert got.shape == (rows, out_features)
+    assert torch.allclose(got.double(), expected, atol=1e-5)
+    with_bias = kernel.matmul(x, panels, out_features, bias)
+    assert torch.allclose(with_bias.double(), expected + bias.double(), atol=1e-5)
+
+
+def test_a_row_gets_the_same_bits_alone_in_any_batch_and_thread_count() -> None:
+    kernel = _kernel()
+    gen = torch.Generator().manual_seed(5)
+    weight = torch.randn(1536, 256, generator=gen)
+    panels = SkinnyLinear.pack(weight)
+    x = torch.randn(MAX_ROWS, 256, generator=gen)
+    threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        one = kernel.matmul(x, panels, 1536, None)
+        torch.set_num_threads(2)
+        two = kernel.matmul(x, panels, 1536, None)
+    finally:
+        torch.set_num_threads(threads)
+    assert torch.equal(one, two)
+    for row in (0, 11, MAX_ROWS - 1):
+        assert torch.equal(kernel.matmul(x[row : row + 1], panels, 1536, None)[0], two[row])
+    # Rows that lie 512 floats apart (the first 256 columns of a wider tensor): the same bits.
+    wide = torch.zeros(MAX_ROWS, 512)
+    wide[:, :256] = x
+    assert torch.equal(kernel.matmul(wide[:, :256], panels, 1536, None), two)
+
+
+def test_only_small_fp32_cpu_weights_are_taken() -> None:
+    assert SkinnyLinear.takes(torch.zeros(1536, 256))
+    assert not SkinnyLinear.takes(torch.zeros(3072, 768))  # 9 MiB: oneDNN streams it as fast
+    assert not SkinnyLinear.takes(torch.zeros(256, 256, dtype=torch.bfloat16))
+    with pytest.raises(ValueError):
+        _kernel().matmul(torch.zeros(2, 128), SkinnyLinear.pack(torch.zeros(16, 256)), 16, None)
+
+
+@pytest.mark.skipif(not prepacking_supported(CPU, torch.float32), reason="no oneDNN here")
+def test_prepacked_linear_sends_decode_sized_calls_of_small_weights_to_the_kernel() -> None:
+    torch.manual_seed(0)
+    small = nn.Linear(256, 512, bias=True)
+    through_kernel = PrepackedLinear(small, _kernel())
+    onednn_only = PrepackedLinear(small)
+    assert through_kernel.skinny is not None and onednn_only.skinny is None
+    with torch.inference_mode():
+        for rows in (1, MAX_ROWS, MAX_ROWS + 1, 200):
+            x = torch.randn(rows, 256)
+            expected = small(x)
+            assert torch.allclose(through_kernel(x), expected, atol=1e-5)
+            assert torch.allclose(onednn_only(x), expected, atol=1e-5)
+        # Past MAX_ROWS the call is oneDNN's: the same bits as the oneDNN-only layer.
+        x = torch.randn(MAX_ROWS + 1, 256)
+        assert torch.equal(through_kernel(x), onednn_only(x))
+    large = PrepackedLinear(nn.Linear(768, 3072), _kernel())
+    assert large.skinny is None and large.panels is None
+
+
+def test_the_runner_takes_the_kernel_for_fp32_prepacked_cpu_only(tiny_model_dir: Path) -> None:
+    model, _ = load_model(tiny_model_dir, torch.float32, CPU)
+    runner = ModelRunner(model, 64, 4, torch.float32, CPU, seed=0)
+    assert (runner.skinny_linear is not None) == runner.prepacked
+    model, _ = load_model(tiny_model_dir, torch.float32, CPU)
+    assert (
+        ModelRunner(
+            model, 64, 4, torch.float32, CPU, seed=0, small_linear_kernel=False
+        ).skinny_linear
+        is None
+    )
+    model, _ = load_model(tiny_model_dir, torch.float32, CPU)
+    assert (
+        ModelRunner(model, 64, 4, torch.float32, CPU, seed=0, prepack=False).skinny_linear is None
+    )
+    model16, _ = load_model(tiny_model_dir, torch.bfloat16, CPU)
+    assert ModelRunner(model16, 64, 4, torch.bfloat16, CPU, seed=0).skinny_linear is None
+
+
+def test_without_a_compiler_the_linears_keep_onednn(
+    tiny_model_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("MIXGATE_KERNEL_CACHE", str(tmp_path))
+    monkeypatch.setenv("CC", str(tmp_path / "no-such-compiler"))
+    source = Path(native_build.__file__).with_name("skinny_linear.c")
+    with pytest.raises(native_build.KernelBuildError):
+        native_build.load_kernel(source)
+    skinny_linear_kernel.cache_clear()
+    try:
+        model, _ = load_model(tiny_model_dir, torch.float32, CPU)
+        runner = ModelRunner(model, 64, 4, torch.float32, CPU, seed=0)
+        assert runner.skinny_linear is None
+        assert model.dense_logits([5, 6, 7]).shape[0] == 3
+    finally:
+        skinny_linear_kernel.cache_clear()  # the next caller builds with the real compiler
