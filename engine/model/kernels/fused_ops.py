@@ -4,10 +4,11 @@
 it cannot be built here; the model then keeps its eager torch ops. Only fp32 tensors on CPU
 take it (the model asks `applies_to` per call); bf16 and CUDA keep torch's ops.
 
-NOTE: measured on the 2-vCPU Xeon @ 2.60 GHz, torch 2.13, 2 threads, eager torch, one layer's
-chains (2 RMSNorms, 2 residual adds, SiLU * up, rotary of q and k): 100m shapes 8 rows 121 us,
-512 rows 6,767 us (SiLU * up over gate_up's strided halves 4,842 us of it, rotary 1,049);
-small shapes 16 rows 102 us, 128 rows 288 us.
+NOTE: measured on the 2-vCPU Xeon @ 2.60 GHz, torch 2.13, 2 threads, one process, 1,000 calls
+each, eager torch -> these kernels (us; RMSNorm, residual add + RMSNorm, SiLU * up, rotary of q
+and k): 100m shapes 8 rows 38/40/29/23 -> 11/12/25/15; 512 rows 365/550/5,815/1,383 ->
+114/201/1,388/227 (SiLU * up over gate_up's strided halves is the one eager torch does worst);
+small shapes 16 rows 36/37/19/20 -> 10/11/16/13, 128 rows 65/74/68/76 -> 19/18/70/24.
 """
 
 from __future__ import annotations
