@@ -109,6 +109,8 @@ def test_mismatched_shapes_are_refused() -> None:
         kernel.silu_mul(torch.randn(4, 7))
     with pytest.raises(ValueError):
         kernel.rms_norm(torch.randn(2, 4, 8), torch.ones(8), EPS)
+    with pytest.raises(ValueError):
+        kernel.rotary(torch.randn(2, 3, 7), torch.ones(2, 1, 7), torch.ones(2, 1, 7))
 
 
 def test_the_model_gives_eager_torchs_logits_through_the_kernels(tiny_model_dir: Path) -> None:

@@ -32,6 +32,7 @@ from tests.dependencies import missing_dependency, require_module
 pytestmark = [pytest.mark.redis, pytest.mark.slow]
 
 webdriver = require_module("selenium.webdriver", "pip install selenium (the dev extra)")
+from selenium.common.exceptions import StaleElementReferenceException  # noqa: E402
 from selenium.webdriver.common.by import By  # noqa: E402
 from selenium.webdriver.remote.webdriver import WebDriver  # noqa: E402
 from selenium.webdriver.support.ui import WebDriverWait  # noqa: E402
@@ -132,7 +133,14 @@ def sign_in(driver: WebDriver, server: ServerProcess, key: str) -> None:
 
 
 def wait(driver: WebDriver, condition: Any, timeout_s: float = WAIT_S) -> Any:
-    return WebDriverWait(driver, timeout_s, poll_frequency=0.1).until(condition)
+    # The page re-renders its tables on every refresh: an element found a moment ago can be
+    # replaced before its attribute is read. That is a retry, not a failure (CI saw it once).
+    return WebDriverWait(
+        driver,
+        timeout_s,
+        poll_frequency=0.1,
+        ignored_exceptions=(StaleElementReferenceException,),
+    ).until(condition)
 
 
 def data_value(driver: WebDriver, element_id: str) -> str | None:

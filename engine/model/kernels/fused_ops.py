@@ -96,7 +96,9 @@ class FusedElementwise:
         """x [rows, heads, head_dim] (each row's heads contiguous), tables [rows, 1, head_dim]
         -> a rotated, contiguous copy (engine.model.rotary.RotaryTables.apply's arithmetic)."""
         rows, heads, head_dim = x.shape
-        if head_dim % 2 or x.stride(2) != 1 or x.stride(1) != head_dim:
+        if head_dim % 2:
+            raise ValueError(f"rotary needs an even head_dim, got {head_dim}")
+        if x.stride(2) != 1 or x.stride(1) != head_dim:
             x = x.contiguous()
         cos_rows = cos.reshape(rows, head_dim).contiguous()
         sin_rows = signed_sin.reshape(rows, head_dim).contiguous()
