@@ -135,19 +135,12 @@ def test_the_runner_takes_the_kernels_for_fp32_on_cpu_only(tiny_model_dir: Path)
     assert ModelRunner(model16, 64, 4, torch.bfloat16, cpu, seed=0).fused_elementwise is None
 
 
-def test_without_a_compiler_the_model_keeps_eager_torch(
-    tiny_model_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    monkeypatch.setenv("MIXGATE_KERNEL_CACHE", str(tmp_path))
-    monkeypatch.setenv("CC", str(tmp_path / "no-such-compiler"))
+@pytest.mark.usefixtures("without_compiler")
+def test_without_a_compiler_the_model_keeps_eager_torch(tiny_model_dir: Path) -> None:
     source = Path(native_build.__file__).with_name("fused_elementwise.c")
     with pytest.raises(native_build.KernelBuildError):
         native_build.load_kernel(source)
-    fused_elementwise_kernel.cache_clear()
-    try:
-        model, _ = load_model(tiny_model_dir, torch.float32, torch.device("cpu"))
-        runner = ModelRunner(model, 64, 4, torch.float32, torch.device("cpu"), seed=0)
-        assert runner.fused_elementwise is None and model.norm.fused is None
-        assert model.dense_logits([5, 6, 7]).shape[0] == 3  # eager torch still runs
-    finally:
-        fused_elementwise_kernel.cache_clear()  # the next caller builds with the real compiler
+    model, _ = load_model(tiny_model_dir, torch.float32, torch.device("cpu"))
+    runner = ModelRunner(model, 64, 4, torch.float32, torch.device("cpu"), seed=0)
+    assert runner.fused_elementwise is None and model.norm.fused is None
+    assert model.dense_logits([5, 6, 7]).shape[0] == 3  # eager torch still runs

@@ -164,21 +164,14 @@ def test_an_unwritable_cache_is_a_build_error_not_a_crash(
         native_build.load_kernel(source)
 
 
-def test_without_a_compiler_the_runner_keeps_gather_and_sdpa(
-    tiny_model_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    monkeypatch.setenv("MIXGATE_KERNEL_CACHE", str(tmp_path))
-    monkeypatch.setenv("CC", str(tmp_path / "no-such-compiler"))
+@pytest.mark.usefixtures("without_compiler")
+def test_without_a_compiler_the_runner_keeps_gather_and_sdpa(tiny_model_dir: Path) -> None:
     source = Path(native_build.__file__).with_name("paged_decode_attention.c")
     with pytest.raises(native_build.KernelBuildError):
         native_build.load_kernel(source)
-    paged_decode_kernel.cache_clear()
-    try:
-        model, _ = load_model(tiny_model_dir, torch.float32, torch.device("cpu"))
-        runner = ModelRunner(model, 64, 4, torch.float32, torch.device("cpu"), seed=0)
-        assert runner.decode_kernel is None
-    finally:
-        paged_decode_kernel.cache_clear()  # the next caller builds with the real compiler
+    model, _ = load_model(tiny_model_dir, torch.float32, torch.device("cpu"))
+    runner = ModelRunner(model, 64, 4, torch.float32, torch.device("cpu"), seed=0)
+    assert runner.decode_kernel is None
 
 
 def test_the_runner_takes_the_kernel_for_fp32_on_cpu_only(tiny_model_dir: Path) -> None:

@@ -117,19 +117,12 @@ def test_the_runner_takes_the_kernel_for_fp32_prepacked_cpu_only(tiny_model_dir:
     assert ModelRunner(model16, 64, 4, torch.bfloat16, CPU, seed=0).skinny_linear is None
 
 
-def test_without_a_compiler_the_linears_keep_onednn(
-    tiny_model_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    monkeypatch.setenv("MIXGATE_KERNEL_CACHE", str(tmp_path))
-    monkeypatch.setenv("CC", str(tmp_path / "no-such-compiler"))
+@pytest.mark.usefixtures("without_compiler")
+def test_without_a_compiler_the_linears_keep_onednn(tiny_model_dir: Path) -> None:
     source = Path(native_build.__file__).with_name("skinny_linear.c")
     with pytest.raises(native_build.KernelBuildError):
         native_build.load_kernel(source)
-    skinny_linear_kernel.cache_clear()
-    try:
-        model, _ = load_model(tiny_model_dir, torch.float32, CPU)
-        runner = ModelRunner(model, 64, 4, torch.float32, CPU, seed=0)
-        assert runner.skinny_linear is None
-        assert model.dense_logits([5, 6, 7]).shape[0] == 3
-    finally:
-        skinny_linear_kernel.cache_clear()  # the next caller builds with the real compiler
+    model, _ = load_model(tiny_model_dir, torch.float32, CPU)
+    runner = ModelRunner(model, 64, 4, torch.float32, CPU, seed=0)
+    assert runner.skinny_linear is None
+    assert model.dense_logits([5, 6, 7]).shape[0] == 3

@@ -17,15 +17,13 @@ import ctypes
 import functools
 from pathlib import Path
 
-import structlog
 import torch
 
-from engine.model.kernels.native_build import KernelBuildError, load_kernel
+from engine.model.kernels.native_build import load_kernel_or_none
 
 __all__ = ["FusedElementwise", "fused_elementwise_kernel"]
 
 _SOURCE = Path(__file__).with_name("fused_elementwise.c")
-log = structlog.get_logger("mixgate.kernels")
 
 
 class FusedElementwise:
@@ -124,8 +122,5 @@ def _check_weight(weight: torch.Tensor, hidden: int) -> None:
 @functools.cache
 def fused_elementwise_kernel() -> FusedElementwise | None:
     """The kernels, built on first use; None (logged once) where they cannot be built here."""
-    try:
-        return FusedElementwise(load_kernel(_SOURCE))
-    except KernelBuildError as error:
-        log.warning("fused_elementwise_unavailable", reason=str(error)[:500])
-        return None
+    library = load_kernel_or_none(_SOURCE, "fused_elementwise_unavailable")
+    return None if library is None else FusedElementwise(library)

@@ -13,6 +13,7 @@ once never load a half-written file.
 from __future__ import annotations
 
 import ctypes
+import functools
 import hashlib
 import os
 import platform
@@ -20,6 +21,8 @@ import shutil
 import subprocess
 import tempfile
 from pathlib import Path
+
+import structlog
 
 __all__ = ["KernelBuildError", "kernel_cache_dir", "load_kernel"]
 
@@ -31,6 +34,9 @@ LINK_FLAGS = ("-shared", "-fopenmp")
 # Libraries after the object: libm and libmvec (the vectorized expf that -ffast-math calls).
 LINK_LIBRARIES = ("-lm", "-lmvec")
 COMPILE_TIMEOUT_S = 120.0
+
+
+log = structlog.get_logger("mixgate.kernels")
 
 
 class KernelBuildError(RuntimeError):
@@ -66,13 +72,20 @@ def _cpu_identity() -> str:
     return platform.processor() or platform.machine()
 
 
-def _cache_key(source: bytes, compiler: str) -> str:
+@functools.cache
+def _compiler_version(compiler: str) -> str:
+    # Once per compiler and process: every kernel's cache key needs it, and each run of
+    # `gcc --version` is a process start on the engine's start-up path.
     try:
-        version = subprocess.run(
+        return subprocess.run(
             [compiler, "--version"], capture_output=True, text=True, timeout=30, check=False
         ).stdout
     except (OSError, subprocess.SubprocessError) as error:
         raise KernelBuildError(f"could not run {compiler}: {error}") from error
+
+
+def _cache_key(source: bytes, compiler: str) -> str:
+    version = _compiler_version(compiler)
     digest = hashlib.sha256()
     flags = " ".join(COMPILE_FLAGS + LINK_FLAGS + LINK_LIBRARIES)
     for part in (source, flags.encode(), version.encode()):
@@ -120,3 +133,13 @@ def load_kernel(source_path: Path) -> ctypes.CDLL:
         return ctypes.CDLL(str(target))
     except OSError as error:
         raise KernelBuildError(f"could not load {target}: {error}") from error
+
+
+def load_kernel_or_none(source_path: Path, unavailable_event: str) -> ctypes.CDLL | None:
+    """`load_kernel`, or None where the kernel cannot be built or loaded here, logged as
+    `unavailable_event` with the reason: the caller then keeps its torch path."""
+    try:
+        return load_kernel(source_path)
+    except KernelBuildError as error:
+        log.warning(unavailable_event, reason=str(error)[:500])
+        return None

@@ -13,10 +13,9 @@ import functools
 import math
 from pathlib import Path
 
-import structlog
 import torch
 
-from engine.model.kernels.native_build import KernelBuildError, load_kernel
+from engine.model.kernels.native_build import load_kernel_or_none
 
 __all__ = ["PagedDecodeKernel", "paged_decode_kernel"]
 
@@ -25,7 +24,6 @@ _SOURCE = Path(__file__).with_name("paged_decode_attention.c")
 _MAX_GROUP = 64
 _MAX_HEAD_DIM = 512
 _MAX_ACC = 64 * 128
-log = structlog.get_logger("mixgate.kernels")
 
 
 class PagedDecodeKernel:
@@ -89,8 +87,5 @@ class PagedDecodeKernel:
 @functools.cache
 def paged_decode_kernel() -> PagedDecodeKernel | None:
     """The kernel, built on first use; None (logged once) where it cannot be built here."""
-    try:
-        return PagedDecodeKernel(load_kernel(_SOURCE))
-    except KernelBuildError as error:
-        log.warning("paged_decode_kernel_unavailable", reason=str(error)[:500])
-        return None
+    library = load_kernel_or_none(_SOURCE, "paged_decode_kernel_unavailable")
+    return None if library is None else PagedDecodeKernel(library)

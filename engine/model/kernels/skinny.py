@@ -18,10 +18,9 @@ import ctypes
 import functools
 from pathlib import Path
 
-import structlog
 import torch
 
-from engine.model.kernels.native_build import KernelBuildError, load_kernel
+from engine.model.kernels.native_build import load_kernel_or_none
 
 __all__ = ["MAX_ROWS", "MAX_WEIGHT_BYTES", "SkinnyLinear", "skinny_linear_kernel"]
 
@@ -31,7 +30,6 @@ PANEL = 16
 # Where the kernel beat oneDNN in the NOTE above (rows <= 32 of a weight of <= 2 MiB).
 MAX_ROWS = 32
 MAX_WEIGHT_BYTES = 2 << 20
-log = structlog.get_logger("mixgate.kernels")
 
 
 class SkinnyLinear:
@@ -83,8 +81,5 @@ class SkinnyLinear:
 @functools.cache
 def skinny_linear_kernel() -> SkinnyLinear | None:
     """The kernel, built on first use; None (logged once) where it cannot be built here."""
-    try:
-        return SkinnyLinear(load_kernel(_SOURCE))
-    except KernelBuildError as error:
-        log.warning("skinny_linear_unavailable", reason=str(error)[:500])
-        return None
+    library = load_kernel_or_none(_SOURCE, "skinny_linear_unavailable")
+    return None if library is None else SkinnyLinear(library)
