@@ -73,6 +73,9 @@ def percentiles(values: list[float]) -> dict[str, float]:
 LIVE_SERVER_ENV = {
     # One torch thread, as the direct engine runs (bench.gateway.ttft.engine_ttft_ms).
     "MIXGATE_NUM_THREADS": "1",
+    # The default log level, as `mixgate serve` runs: every request writes its access line
+    # (into the server's log file), and that is part of what a request costs.
+    "MIXGATE_LOG_LEVEL": "info",
     "MIXGATE_CLAIM_CLASSES": "interactive",
     "MIXGATE_REDIS_CHECK_INTERVAL_S": "5",
     "MIXGATE_BATCH_POLL_INTERVAL_S": "5",
