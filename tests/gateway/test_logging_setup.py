@@ -31,12 +31,16 @@ def test_own_and_stdlib_lines_are_json_with_the_same_fields(
     structlog.contextvars.clear_contextvars()
     structlog.contextvars.bind_contextvars(request_id="req-1")
     structlog.get_logger("mixgate.access").info("request", status=200, duration_ms=1.5)
-    logging.getLogger("uvicorn.error").info("uvicorn line")
+    # A library's own stdlib logger, as uvicorn's are (a fresh name: another test in the same
+    # process may have run uvicorn, whose start-up sets its own loggers' levels).
+    library = logging.getLogger("mixgate_test_library")
+    library.setLevel(logging.NOTSET)
+    library.info("library line")
     structlog.contextvars.clear_contextvars()
     own, stdlib = _lines(capsys.readouterr().err)
     assert own["event"] == "request" and own["status"] == 200 and own["duration_ms"] == 1.5
     assert own["logger"] == "mixgate.access" and own["request_id"] == "req-1"
-    assert stdlib["event"] == "uvicorn line" and stdlib["logger"] == "uvicorn.error"
+    assert stdlib["event"] == "library line" and stdlib["logger"] == "mixgate_test_library"
     for line in (own, stdlib):
         assert line["level"] == "info"
         assert str(line["timestamp"]).endswith("Z")
