@@ -50,6 +50,14 @@ class RotaryEmbedding(torch.nn.Module):
         self, head_dim: int, max_positions: int, theta: float, scaling: dict[str, Any] | None
     ):
         super().__init__()
+        if torch.get_default_device().type == "meta":
+            # A meta-device build (weights.load_model) rebuilds this module on the real device
+            # after; computing the tables on meta runs torch's Python decompositions, whose first
+            # use imports torch._dynamo: ~1.5 s of every engine start, for tables thrown away.
+            shape = (max_positions, head_dim)
+            self.register_buffer("cos", torch.empty(shape), persistent=False)
+            self.register_buffer("sin", torch.empty(shape), persistent=False)
+            return
         inv_freq = inverse_frequencies(head_dim, theta, scaling)
         positions = torch.arange(max_positions, dtype=torch.float32)
         freqs = torch.outer(positions, inv_freq)

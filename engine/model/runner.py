@@ -17,6 +17,7 @@ from engine.model.config import ModelConfig
 from engine.model.kernels.fused_ops import fused_elementwise_kernel
 from engine.model.kernels.paged_decode import PagedDecodeKernel, paged_decode_kernel
 from engine.model.kernels.skinny import skinny_linear_kernel
+from engine.model.kv_cache_memory import zeroed_kv_cache
 from engine.model.prepacked_linear import prepack_linears, prepacking_supported
 from engine.model.sampler import Sampler
 from engine.model.step_inputs import StepInputBuilder, StepInputs
@@ -67,15 +68,17 @@ class ModelRunner:
         self.model = model
         self.block_size = block_size
         self.device = device
-        self.kv_cache = torch.zeros(
-            config.num_hidden_layers,
-            2,
-            num_blocks,
-            block_size,
-            config.num_key_value_heads,
-            config.head_dim,
-            dtype=dtype,
-            device=device,
+        self.kv_cache = zeroed_kv_cache(
+            (
+                config.num_hidden_layers,
+                2,
+                num_blocks,
+                block_size,
+                config.num_key_value_heads,
+                config.head_dim,
+            ),
+            dtype,
+            device,
         )
         # Decode attention over the cache in place (engine/model/kernels/) where it runs: fp32
         # caches on CPU, with a C compiler here; else gathered copies and torch's SDPA.
