@@ -62,7 +62,7 @@ class CancelListener:
             if await pubsub.get_message(timeout=_SUBSCRIBE_CONFIRM_TIMEOUT_S) is None:
                 log.warning("cancel_subscribe_unconfirmed", channel=self._channel)
         except BaseException:
-            await pubsub.aclose()  # type: ignore[no-untyped-call]
+            await pubsub.aclose()  # type: ignore[no-untyped-call, unused-ignore]
             raise
         self._pubsub = pubsub
         self._task = asyncio.create_task(self._listen(pubsub), name="cancel-listener")
@@ -73,7 +73,7 @@ class CancelListener:
             await asyncio.gather(self._task, return_exceptions=True)
             self._task = None
         if self._pubsub is not None:
-            await self._pubsub.aclose()  # type: ignore[no-untyped-call]
+            await self._pubsub.aclose()  # type: ignore[no-untyped-call, unused-ignore]
             self._pubsub = None
 
     async def _listen(self, pubsub: PubSub) -> None:
