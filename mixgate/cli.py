@@ -12,7 +12,12 @@ def _make_model(args: argparse.Namespace) -> int:
     from engine.model.make_model import make_model
 
     path = make_model(
-        args.dir, args.preset, seed=args.seed, dtype=args.dtype, max_shard_bytes=args.shard_bytes
+        args.dir,
+        args.preset,
+        seed=args.seed,
+        dtype=args.dtype,
+        max_shard_bytes=args.shard_bytes,
+        draw_device=args.draw_device,
     )
     print(f"wrote {args.preset} model to {path}")
     return 0
@@ -99,6 +104,12 @@ def _add_make_model(sub: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32")
     p.add_argument("--shard-bytes", type=int, default=None, help="split weights into shards")
+    p.add_argument(
+        "--draw-device",
+        default="cpu",
+        help="where the random weights are drawn: cuda makes an 8b folder in seconds, with "
+        "other numbers than cpu's for the same seed",
+    )
     p.set_defaults(handler=_make_model)
 
 
@@ -133,6 +144,12 @@ def _add_bench(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
         default="kernel",
         help="decode attention: the paged kernel over the cache in place (the engine's default "
         "where it builds), or gathered K/V copies through torch's SDPA",
+    )
+    engine.add_argument(
+        "--decode-graphs",
+        choices=("auto", "off"),
+        default="auto",
+        help="pure-decode steps as CUDA graphs on a GPU (the engine's default), or eager",
     )
     engine.add_argument(
         "--elementwise",
@@ -184,6 +201,7 @@ def _add_bench(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     sweep.add_argument("--policy", default="mixgate")
     sweep.set_defaults(handler=_bench_sweep)
     _add_soak(kinds)
+    _add_step_profile(kinds)
     _add_simulation(kinds, compare, sweep)
     _add_batch_bench(kinds)
     _add_breakdown(kinds)
@@ -223,6 +241,22 @@ def _add_batch_bench(kinds: argparse._SubParsersAction[argparse.ArgumentParser])
     batch = kinds.add_parser("batch", help="streamed chat TTFT/ITL with and without a batch")
     add_batch_bench_arguments(batch)
     batch.set_defaults(handler=_bench_batch)
+
+
+def _bench_step_profile(args: argparse.Namespace) -> int:
+    from bench.engine.step_profile import run_step_profile
+
+    return run_step_profile(args)
+
+
+def _add_step_profile(kinds: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    from bench.engine.step_profile_args import add_step_profile_arguments
+
+    profile = kinds.add_parser(
+        "step-profile", help="where a decode step's time goes: host vs kernels, top operators"
+    )
+    add_step_profile_arguments(profile)
+    profile.set_defaults(handler=_bench_step_profile)
 
 
 def _add_soak(kinds: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:

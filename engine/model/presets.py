@@ -1,5 +1,6 @@
-"""Named shapes for generated models: Llama `tiny` for tests, `small` and `100m` for benchmarks;
-Mixtral (sparse MoE) `tiny-moe` for tests and `moe-small` for measuring a batch's expert union.
+"""Named shapes for generated models: Llama `tiny` for tests, `small` and `100m` for benchmarks,
+`8b` (Llama-3-8B's layers) for GPU benchmarks; Mixtral (sparse MoE) `tiny-moe` for tests and
+`moe-small` for measuring a batch's expert union.
 
 The vocabulary is the byte tokenizer's, exactly: a padded vocabulary would leave ids that
 vLLM and transformers could sample but not decode.
@@ -154,6 +155,19 @@ _ALL = (
         num_attention_heads=12,
         num_key_value_heads=12,
         intermediate_size=3072,
+        max_position_embeddings=8192,
+        rope_theta=500000.0,
+    ),
+    # Llama-3-8B's layers (GQA 32/8 heads, d 128, SwiGLU 14,336): the shape a GPU step is timed
+    # on. With the byte vocabulary its embedding and head are ~2 M parameters, not 8B's 1.05 B,
+    # so the weights are 6.98 B parameters (13.96 GB in bf16), not 8.03 B.
+    ModelPreset(
+        name="8b",
+        hidden_size=4096,
+        num_hidden_layers=32,
+        num_attention_heads=32,
+        num_key_value_heads=8,
+        intermediate_size=14336,
         max_position_embeddings=8192,
         rope_theta=500000.0,
     ),

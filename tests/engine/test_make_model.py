@@ -26,6 +26,8 @@ PARAM_RANGES = {
     "100m": (100e6, 130e6),
     "tiny-moe": (150_000, 400_000),
     "moe-small": (100e6, 120e6),
+    # Llama-3-8B's layers with the byte vocabulary (no 1.05 B-parameter embedding and head).
+    "8b": (6.9e9, 7.1e9),
 }
 
 
@@ -42,7 +44,7 @@ def tiny_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def test_preset_names_are_the_presets() -> None:
-    assert PRESET_NAMES == ("tiny", "small", "100m", "tiny-moe", "moe-small")
+    assert PRESET_NAMES == ("tiny", "small", "100m", "8b", "tiny-moe", "moe-small")
     assert set(PRESETS) == set(PRESET_NAMES)
     with pytest.raises(ValueError, match="unknown preset"):
         get_preset("huge")
