@@ -49,6 +49,8 @@ class BenchConfig:
     fused_elementwise_kernels: bool = True
     # EngineConfig.small_linear_kernel: False times oneDNN for every linear call.
     small_linear_kernel: bool = True
+    # EngineConfig.decode_graphs: "off" times the eager forward on CUDA too.
+    decode_graphs: str = "auto"
 
     def __post_init__(self) -> None:
         if min(self.context_tokens, self.steps, self.rounds) < 1:
@@ -75,6 +77,7 @@ class BenchConfig:
             paged_attention_kernel=getattr(args, "decode_attention", "kernel") == "kernel",
             fused_elementwise_kernels=getattr(args, "elementwise", "fused") == "fused",
             small_linear_kernel=getattr(args, "small_linears", "kernel") == "kernel",
+            decode_graphs=getattr(args, "decode_graphs", "auto"),
         )
 
     def all_batch_sizes(self) -> list[int]:
@@ -112,6 +115,7 @@ def make_engine(config: BenchConfig, max_active_seqs: int, num_kv_blocks: int) -
             paged_attention_kernel=config.paged_attention_kernel,
             fused_elementwise_kernels=config.fused_elementwise_kernels,
             small_linear_kernel=config.small_linear_kernel,
+            decode_graphs=config.decode_graphs,
         ),
     )
 

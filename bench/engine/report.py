@@ -36,6 +36,22 @@ def model_info(config: BenchConfig, engine: LLMEngine, shape: ModelShape) -> dic
         "decode_attention": "paged-kernel" if engine.runner.decode_kernel else "gather-sdpa",
         # Which elementwise ops ran (EngineConfig.fused_elementwise_kernels).
         "elementwise": "fused-kernels" if engine.runner.fused_elementwise else "eager-torch",
+        # Whether pure-decode steps replayed CUDA graphs (EngineConfig.decode_graphs).
+        "decode_graphs": decode_graph_info(engine),
+    }
+
+
+def decode_graph_info(engine: LLMEngine) -> dict[str, Any] | None:
+    graphs = engine.runner.decode_graphs
+    if graphs is None:
+        return None
+    return {
+        "capture": graphs.capture,
+        "graphs_captured": graphs.graphs_captured,
+        "steps_served": graphs.steps_served,
+        "replays": graphs.replays,
+        "disabled_reason": graphs.disabled_reason,
+        "sdpa_backends": graphs.sdpa_backends,
     }
 
 
@@ -66,7 +82,8 @@ def render_table(result: dict[str, Any]) -> Table:
     table = Table(
         title=f"{model['num_parameters'] / 1e6:.1f}M params {model['dtype']}, "
         f"{model.get('linears', 'torch')} linears, "
-        f"{result['threads']} threads, context {config['context']}",
+        f"{result['threads']} threads, context {config['context']}"
+        + _graphs_title(model.get("decode_graphs")),
         caption=f"C {result['C_flops'] / 1e9:.0f} GFLOP/s, BW {result['BW_bytes_s'] / 1e9:.1f} "
         f"GB/s; step: median of {config['rounds']}x{config['steps']}; tok/s: 4·B requests",
     )
@@ -88,6 +105,14 @@ def render_table(result: dict[str, Any]) -> Table:
             fmt(speedup, digits=2),
         )
     return table
+
+
+def _graphs_title(graphs: dict[str, Any] | None) -> str:
+    if graphs is None or not graphs["capture"]:
+        return ""
+    if graphs["disabled_reason"]:
+        return ", CUDA graphs failed (eager)"
+    return f", CUDA graphs ({graphs['graphs_captured']} captured)"
 
 
 def _linears(engine: LLMEngine) -> str:

@@ -50,6 +50,11 @@ class EngineConfig:
     # for calls of <= 32 rows (engine/model/kernels/skinny.py: oneDNN's fixed cost per call is
     # most of such a call); False keeps oneDNN for every call.
     small_linear_kernel: bool = True
+    # Pure-decode steps through padded static shapes replayed as CUDA graphs
+    # (engine/model/decode_graphs.py): "auto" (on CUDA; the eager forward's launches left an
+    # H200 idle most of an 8B decode step), "off", or "eager" (the padded path without graphs,
+    # on any device: tests).
+    decode_graphs: str = "auto"
     # torch intra-op threads; None leaves torch's default.
     num_threads: int | None = None
     # Seed for requests without their own seed.
@@ -99,5 +104,7 @@ class EngineConfig:
             raise ValueError(f"unknown dtype {self.dtype!r}")
         if self.device not in ("cpu", "cuda", "auto") and not self.device.startswith("cuda:"):
             raise ValueError(f"unknown device {self.device!r}")
+        if self.decode_graphs not in ("auto", "off", "eager"):
+            raise ValueError(f"unknown decode_graphs {self.decode_graphs!r}")
         if self.num_threads is not None and self.num_threads < 1:
             raise ValueError("num_threads must be at least 1")

@@ -65,6 +65,7 @@ class LLMEngine:
             paged_kernel=self.config.paged_attention_kernel,
             fused_elementwise=self.config.fused_elementwise_kernels,
             small_linear_kernel=self.config.small_linear_kernel,
+            decode_graphs=self.config.decode_graphs,
         )
         self.tokenizer = tokenizer
         self._init_core(model_config, runner, num_blocks, tokenizer.eos_token_ids)

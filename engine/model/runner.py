@@ -14,6 +14,7 @@ from engine.model.attention import (
     decode_attention_dtype,
 )
 from engine.model.config import ModelConfig
+from engine.model.decode_graphs import DecodeGraphs
 from engine.model.kernels.fused_ops import fused_elementwise_kernel
 from engine.model.kernels.paged_decode import PagedDecodeKernel, paged_decode_kernel
 from engine.model.kernels.skinny import skinny_linear_kernel
@@ -52,6 +53,7 @@ class ModelRunner:
         paged_kernel: bool = True,
         fused_elementwise: bool = True,
         small_linear_kernel: bool = True,
+        decode_graphs: str = "auto",
     ):
         config = model.config
         # oneDNN-prepacked weights where this CPU runs them (engine/model/prepacked_linear.py: 2-7x
@@ -68,11 +70,13 @@ class ModelRunner:
         self.model = model
         self.block_size = block_size
         self.device = device
+        graph_mode = _decode_graph_mode(decode_graphs, device, config)
         self.kv_cache = zeroed_kv_cache(
             (
                 config.num_hidden_layers,
                 2,
-                num_blocks,
+                # One block past the block manager's: padded decode rows write there.
+                num_blocks + (graph_mode != "off"),
                 block_size,
                 config.num_key_value_heads,
                 config.head_dim,
@@ -95,6 +99,16 @@ class ModelRunner:
         self.sampler = Sampler(device, seed)
         self.gather_buffers = GatherBuffers()
         self.inputs = StepInputBuilder(block_size, device)
+        # Pure-decode steps through padded static shapes, replayed as CUDA graphs on a GPU
+        # (engine/model/decode_graphs.py): the eager forward's ~1,200 launches per step kept an
+        # H200 idle 77% of an 8B decode step.
+        self.decode_graphs = (
+            None
+            if graph_mode == "off"
+            else DecodeGraphs(
+                model, self.kv_cache, block_size, num_blocks, capture=graph_mode == "capture"
+            )
+        )
 
     @torch.inference_mode()
     def execute(self, output: SchedulerOutput) -> dict[str, int]:
@@ -103,15 +117,35 @@ class ModelRunner:
         # them by similar length.
         chunks = sorted(output.chunks, key=lambda c: (c.num_tokens != 1, c.end_pos))
         inputs = self.inputs.build(chunks)
+        if self.decode_graphs is not None and inputs.all_single:
+            # Ascending context: the last chunk needs the most blocks.
+            width_blocks = -(-chunks[-1].end_pos // self.block_size)
+            all_logits = self.decode_graphs.logits(
+                inputs.input_ids,
+                inputs.positions,
+                inputs.slot_mapping,
+                inputs.context_lens,
+                self.inputs.block_tables.table.index_select(0, inputs.rows),
+                width_blocks,
+            )
+            if all_logits is not None:
+                if inputs.sample_rows is not None:
+                    all_logits = all_logits.index_select(0, inputs.sample_rows)
+                return self._sample(inputs, all_logits)
         meta = self._metadata(chunks, inputs)
         attention = PagedAttention(self.kv_cache, meta, self.gather_buffers, self.decode_kernel)
         hidden = self.model(inputs.input_ids, inputs.positions, attention)
-        sampling = inputs.sampling_chunks
-        if not sampling:
+        if not inputs.sampling_chunks:
             return {}
         if inputs.sample_rows is not None:
             hidden = hidden.index_select(0, inputs.sample_rows)
-        logits = self.model.compute_logits(hidden)
+        return self._sample(inputs, self.model.compute_logits(hidden))
+
+    def _sample(self, inputs: StepInputs, logits: torch.Tensor) -> dict[str, int]:
+        """The token of each chunk that samples, from its row of `logits`."""
+        sampling = inputs.sampling_chunks
+        if not sampling:
+            return {}
         ids = [c.seq.seq_id for c in sampling]
         tokens = self.sampler.sample(logits, ids, [c.seq.sampling for c in sampling])
         return dict(zip(ids, tokens, strict=True))
@@ -165,6 +199,22 @@ class ModelRunner:
             )
             start += chunk.num_tokens
         return PagedAttentionMetadata(inputs.slot_mapping, tuple(groups), tuple(spans))
+
+
+DECODE_GRAPH_MODES = ("auto", "off", "eager")
+
+
+def _decode_graph_mode(mode: str, device: torch.device, config: ModelConfig) -> str:
+    """The path pure-decode steps take: "capture" (CUDA graphs), "eager" (the padded static
+    path without graphs: tests) or "off". "auto" captures on CUDA only; an MoE model never
+    takes the static path (its experts see data-dependent row counts)."""
+    if mode not in DECODE_GRAPH_MODES:
+        raise ValueError(f"decode_graphs must be one of {DECODE_GRAPH_MODES}, got {mode!r}")
+    if mode == "off" or config.is_moe:
+        return "off"
+    if mode == "eager":
+        return "eager"
+    return "capture" if device.type == "cuda" else "off"
 
 
 def _decode_kernel(

@@ -80,6 +80,8 @@ class Settings:
     # Decode-sized calls of small fp32 weights through the native engine's own C loop instead of
     # oneDNN (CPU); false keeps oneDNN.
     small_linear_kernel: bool = True
+    # The native engine's pure-decode steps as CUDA graphs: "auto" (on CUDA), "off".
+    decode_graphs: str = "auto"
     log_level: str = "info"
     log_json: bool = True
     # "mixgate" | "priority" | "fcfs": the scheduling preset (policies/scheduling_policy.py).
@@ -117,6 +119,8 @@ class Settings:
             raise ValueError("job_intake_concurrency must be at least 1")
         if self.policy not in {p.value for p in SchedulingPolicy}:
             raise ValueError(f"unknown policy {self.policy!r}: fcfs, priority or mixgate")
+        if self.decode_graphs not in ("auto", "off"):
+            raise ValueError(f"unknown decode_graphs {self.decode_graphs!r}: auto or off")
         if self.engine not in ("native", "vllm"):
             raise ValueError(f"unknown engine {self.engine!r}: native or vllm")
         self._check_redis_timeouts()

@@ -212,5 +212,11 @@ def test_engine_stays_exact_with_a_decode_group_per_sequence(
 
     monkeypatch.setattr(model_runner, "DECODE_GROUP_BYTES", 1)
     test_greedy_matches_dense_reference(
-        tiny_model_dir, chunk_tokens, num_kv_blocks, block_size, paged_attention_kernel=False
+        tiny_model_dir,
+        chunk_tokens,
+        num_kv_blocks,
+        block_size,
+        device="cpu",
+        decode_graphs="auto",
+        paged_attention_kernel=False,
     )

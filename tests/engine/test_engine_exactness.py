@@ -22,6 +22,10 @@ from policies.request_class import RequestClass
 
 NEAR_TIE = 1e-5
 
+# Every exactness test runs on the CPU, and on CUDA too where a GPU is present (the paged path
+# there is torch's gather + SDPA, with no C kernels): the same assertions on either device.
+DEVICES = ["cpu", *(["cuda"] if torch.cuda.is_available() else [])]
+
 
 def random_prompts(rng: random.Random, count: int, vocab: int) -> list[list[int]]:
     shared = [rng.randrange(vocab) for _ in range(24)]  # a common "system prompt"
@@ -60,6 +64,8 @@ def exactness_engine(
     *,
     enable_prefix_caching: bool = False,
     paged_attention_kernel: bool = True,
+    device: str = "cpu",
+    decode_graphs: str = "auto",
 ) -> LLMEngine:
     """Six sequences at once, odd chunks, a small KV pool: the set-up every exactness test runs."""
     config = EngineConfig(
@@ -70,8 +76,9 @@ def exactness_engine(
         num_kv_blocks=num_kv_blocks,
         block_size_tokens=block_size,
         enable_prefix_caching=enable_prefix_caching,
-        device="cpu",
+        device=device,
         dtype=dtype,
+        decode_graphs=decode_graphs,
     )
     return LLMEngine(model_dir, config)
 
@@ -105,6 +112,28 @@ def run_greedy(
     return outputs, cached
 
 
+def check_decode_graphs(engine: LLMEngine, decode_graphs: str) -> None:
+    """The static decode path served steps where it should: CUDA graphs replayed on a GPU
+    ("auto"), the padded path without graphs anywhere ("eager"); none elsewhere."""
+    graphs = engine.runner.decode_graphs
+    if decode_graphs == "eager":
+        assert graphs is not None and graphs.steps_served > 0
+        assert graphs.replays == 0
+    elif engine.device.type == "cuda":
+        assert graphs is not None, "CUDA runs pure-decode steps as graphs by default"
+        assert graphs.disabled_reason is None, graphs.disabled_reason
+        assert graphs.replays > 0 and graphs.graphs_captured > 0
+    else:
+        assert graphs is None
+
+
+# "auto" is each device's default path (CUDA graphs on a GPU); "eager" runs the padded static
+# decode path without graphs, so its padding and scratch rows are tested on every machine.
+GRAPH_MODES = ["auto", "eager"]
+
+
+@pytest.mark.parametrize("decode_graphs", GRAPH_MODES)
+@pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize(
     ("chunk_tokens", "num_kv_blocks", "block_size"),
     [(7, 40, 4), (13, 24, 8), (64, 200, 16)],
@@ -114,6 +143,8 @@ def test_greedy_matches_dense_reference(
     chunk_tokens: int,
     num_kv_blocks: int,
     block_size: int,
+    device: str,
+    decode_graphs: str,
     paged_attention_kernel: bool = True,
 ) -> None:
     engine = exactness_engine(
@@ -124,9 +155,14 @@ def test_greedy_matches_dense_reference(
         "float32",
         enable_prefix_caching=True,
         paged_attention_kernel=paged_attention_kernel,
+        device=device,
+        decode_graphs=decode_graphs,
     )
-    # The default path on CPU (tests/engine/test_paged_decode_kernel.py covers the kernel).
-    assert (engine.runner.decode_kernel is not None) == paged_attention_kernel
+    assert engine.device.type == device
+    # The default path on CPU (tests/engine/test_paged_decode_kernel.py covers the kernel); the
+    # C kernel never runs on CUDA.
+    expect_kernel = paged_attention_kernel and device == "cpu"
+    assert (engine.runner.decode_kernel is not None) == expect_kernel
     rng = random.Random(chunk_tokens)
     prompts = random_prompts(rng, 14, engine.model_config.vocab_size)
     max_tokens = 10
@@ -138,6 +174,7 @@ def test_greedy_matches_dense_reference(
         assert engine.history.total_preemptions > 0, "the pool was meant to force preemption"
     assert cached > 0, "shared prefixes were meant to hit the prefix cache"
     assert engine.block_manager.num_free_blocks == num_kv_blocks
+    check_decode_graphs(engine, decode_graphs)
 
     with torch.inference_mode():
         for i, prompt in enumerate(prompts):

@@ -17,6 +17,9 @@ import torch
 
 from engine.core.llm_engine import LLMEngine
 from tests.engine.test_engine_exactness import (
+    DEVICES,
+    GRAPH_MODES,
+    check_decode_graphs,
     exactness_engine,
     random_prompts,
     reference_greedy,
@@ -39,16 +42,33 @@ def _divergence_is_bf16_tie(
     return True, "identical"
 
 
+@pytest.mark.parametrize("decode_graphs", GRAPH_MODES)
+@pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize(("chunk_tokens", "num_kv_blocks", "block_size"), [(7, 40, 4), (13, 24, 8)])
 def test_bf16_greedy_matches_bf16_dense_reference(
-    tiny_model_dir: Path, chunk_tokens: int, num_kv_blocks: int, block_size: int
+    tiny_model_dir: Path,
+    chunk_tokens: int,
+    num_kv_blocks: int,
+    block_size: int,
+    device: str,
+    decode_graphs: str,
 ) -> None:
-    engine = exactness_engine(tiny_model_dir, chunk_tokens, num_kv_blocks, block_size, "bfloat16")
+    engine = exactness_engine(
+        tiny_model_dir,
+        chunk_tokens,
+        num_kv_blocks,
+        block_size,
+        "bfloat16",
+        device=device,
+        decode_graphs=decode_graphs,
+    )
     assert engine.runner.kv_cache.dtype == torch.bfloat16
+    assert engine.runner.kv_cache.device.type == device
     prompts = random_prompts(random.Random(chunk_tokens), 14, engine.model_config.vocab_size)
     outputs, _ = run_greedy(engine, prompts, MAX_TOKENS)
     assert engine.history.total_preemptions > 0, "the pool was meant to force preemption"
     assert engine.block_manager.num_free_blocks == num_kv_blocks
+    check_decode_graphs(engine, decode_graphs)
     with torch.inference_mode():
         for i, prompt in enumerate(prompts):
             ours = outputs[f"r{i}"]

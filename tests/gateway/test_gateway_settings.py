@@ -33,6 +33,7 @@ def test_environment_sets_typed_values() -> None:
         ("MIXGATE_BODY_READ_TIMEOUT_S", "0"),
         ("MIXGATE_CLAIM_CLASSES", "realtime"),
         ("MIXGATE_ENGINE", "tgi"),
+        ("MIXGATE_DECODE_GRAPHS", "sometimes"),
     ],
 )
 def test_bad_values_are_refused(name: str, value: str) -> None:
@@ -50,5 +51,8 @@ def test_the_kernel_switches_reach_the_engine_config() -> None:
     assert engine_config(Envelope.default(), off).paged_attention_kernel is False
     assert engine_config(Envelope.default(), off).fused_elementwise_kernels is False
     on = engine_config(Envelope.default(), Settings())
+    assert on.decode_graphs == "auto"
+    graphs_off = Settings.from_env({"MIXGATE_DECODE_GRAPHS": "off"})
+    assert engine_config(Envelope.default(), graphs_off).decode_graphs == "off"
     assert on.paged_attention_kernel is True
     assert on.fused_elementwise_kernels is True
