@@ -34,7 +34,7 @@ from bench.engine.mixed_step import MixedStepShape, blocks_for, build_mixed_step
 from engine.core.scheduler_output import SchedulerOutput
 from engine.model import attention
 from engine.model import runner as model_runner
-from engine.model.kernels.paged_decode import PagedDecodeKernel
+from engine.model.attention import DecodeKernel
 from engine.model.prepacked_linear import PrepackedLinear
 from engine.model.runner import ModelRunner
 from engine.model.weights import DTYPES, load_model
@@ -85,7 +85,7 @@ def mixed_step_rows(
     kernel and without it (gather + SDPA).
     """
     kernel = runner.decode_kernel
-    variants: dict[str, list[PagedDecodeKernel | None]] = {
+    variants: dict[str, list[DecodeKernel | None]] = {
         "engine": [kernel],
         "kernel": [kernel],
         "sdpa": [None],

@@ -10,6 +10,7 @@ from rich.table import Table
 from bench.engine.config import STEP_TOKEN_BUDGET, WARMUP_STEPS, BenchConfig
 from bench.report.run_folder import runtime_facts
 from engine.core.llm_engine import LLMEngine
+from engine.model.kernels.paged_decode_triton import TritonPagedDecode
 from planning.costmodel import ModelShape
 
 __all__ = ["fmt", "model_info", "render_table", "run_config"]
@@ -33,7 +34,7 @@ def model_info(config: BenchConfig, engine: LLMEngine, shape: ModelShape) -> dic
         # it is the largest single factor in the step time.
         "linears": _linears(engine),
         # Which decode attention ran (EngineConfig.paged_attention_kernel).
-        "decode_attention": "paged-kernel" if engine.runner.decode_kernel else "gather-sdpa",
+        "decode_attention": _decode_attention(engine),
         # Which elementwise ops ran (EngineConfig.fused_elementwise_kernels).
         "elementwise": "fused-kernels" if engine.runner.fused_elementwise else "eager-torch",
         # Whether pure-decode steps replayed CUDA graphs (EngineConfig.decode_graphs).
@@ -105,6 +106,13 @@ def render_table(result: dict[str, Any]) -> Table:
             fmt(speedup, digits=2),
         )
     return table
+
+
+def _decode_attention(engine: LLMEngine) -> str:
+    kernel = engine.runner.decode_kernel
+    if kernel is None:
+        return "gather-sdpa"
+    return "paged-triton" if isinstance(kernel, TritonPagedDecode) else "paged-kernel"
 
 
 def _graphs_title(graphs: dict[str, Any] | None) -> str:

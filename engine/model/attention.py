@@ -15,6 +15,11 @@ import torch
 import torch.nn.functional as F
 
 from engine.model.kernels.paged_decode import PagedDecodeKernel
+from engine.model.kernels.paged_decode_triton import TritonPagedDecode
+
+# A decode kernel over the paged cache in place: the C one on CPU, Triton's on CUDA (the same
+# `attend` interface).
+DecodeKernel = PagedDecodeKernel | TritonPagedDecode
 
 # bf16/fp16 decode attention on CPU runs over fp32 copies (see PagedAttention._decode); a
 # module switch so that a benchmark can time both in one process.
@@ -119,7 +124,7 @@ class PagedAttention:
         kv_cache: torch.Tensor,
         metadata: PagedAttentionMetadata,
         buffers: GatherBuffers,
-        decode_kernel: PagedDecodeKernel | None = None,
+        decode_kernel: DecodeKernel | None = None,
     ):
         # kv_cache: [layers, 2, num_blocks, block_size, kv_heads, head_dim]
         self.kv_cache = kv_cache

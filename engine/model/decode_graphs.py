@@ -29,6 +29,7 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from engine.model.attention import (
     DecodeGroup,
+    DecodeKernel,
     GatherBuffers,
     PagedAttention,
     PagedAttentionMetadata,
@@ -80,6 +81,7 @@ class DecodeGraphs:
         scratch_block: int,
         *,
         capture: bool,
+        decode_kernel: DecodeKernel | None = None,
     ):
         if scratch_block >= kv_cache.shape[2]:
             raise ValueError("the scratch block must be a block of the cache")
@@ -88,6 +90,8 @@ class DecodeGraphs:
         self.block_size = block_size
         self.scratch_block = scratch_block
         self.capture = capture
+        # Attends each row over its own blocks in place (no gather, no mask) where one runs.
+        self.decode_kernel = decode_kernel
         self.device = kv_cache.device
         self._buckets: dict[tuple[int, int], _StaticDecode] = {}
         self._pool = torch.cuda.graph_pool_handle() if capture else None
@@ -183,17 +187,18 @@ class DecodeGraphs:
     def _forward(self, entry: _StaticDecode) -> torch.Tensor:
         """The padded step's forward over the entry's tensors (what a graph records)."""
         batch, width = entry.block_tables.shape
-        key_pos = self._key_positions(width * self.block_size)
-        visible = key_pos.unsqueeze(0) < entry.context_lens.unsqueeze(1)
-        dtype = self.kv_cache.dtype
-        mask = torch.zeros(visible.shape, dtype=dtype, device=self.device)
-        mask = mask.masked_fill_(visible.logical_not(), float("-inf")).view(batch, 1, 1, -1)
-        meta = PagedAttentionMetadata(
-            entry.slot_mapping, (DecodeGroup(0, batch, entry.block_tables, mask),), ()
-        )
+        if self.decode_kernel is not None:
+            group = DecodeGroup(0, batch, entry.block_tables, None, entry.context_lens)
+        else:
+            key_pos = self._key_positions(width * self.block_size)
+            visible = key_pos.unsqueeze(0) < entry.context_lens.unsqueeze(1)
+            mask = torch.zeros(visible.shape, dtype=self.kv_cache.dtype, device=self.device)
+            mask = mask.masked_fill_(visible.logical_not(), float("-inf")).view(batch, 1, 1, -1)
+            group = DecodeGroup(0, batch, entry.block_tables, mask)
+        meta = PagedAttentionMetadata(entry.slot_mapping, (group,), ())
         # Buffers of its own: inside a capture they come from the graph's pool, and no other
         # forward may grow or reuse them.
-        attention = PagedAttention(self.kv_cache, meta, GatherBuffers())
+        attention = PagedAttention(self.kv_cache, meta, GatherBuffers(), self.decode_kernel)
         hidden = self.model(entry.input_ids, entry.positions, attention)
         return self.model.compute_logits(hidden)
 

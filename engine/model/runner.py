@@ -7,6 +7,7 @@ import torch
 from engine.core.scheduler_output import ScheduledChunk, SchedulerOutput
 from engine.model.attention import (
     DecodeGroup,
+    DecodeKernel,
     GatherBuffers,
     PagedAttention,
     PagedAttentionMetadata,
@@ -17,6 +18,7 @@ from engine.model.config import ModelConfig
 from engine.model.decode_graphs import DecodeGraphs
 from engine.model.kernels.fused_ops import fused_elementwise_kernel
 from engine.model.kernels.paged_decode import PagedDecodeKernel, paged_decode_kernel
+from engine.model.kernels.paged_decode_triton import TritonPagedDecode, triton_paged_decode
 from engine.model.kernels.skinny import skinny_linear_kernel
 from engine.model.kv_cache_memory import zeroed_kv_cache
 from engine.model.prepacked_linear import prepack_linears, prepacking_supported
@@ -85,7 +87,8 @@ class ModelRunner:
             device,
         )
         # Decode attention over the cache in place (engine/model/kernels/) where it runs: fp32
-        # caches on CPU, with a C compiler here; else gathered copies and torch's SDPA.
+        # caches on CPU, with a C compiler here; any cache on CUDA, with Triton installed; else
+        # gathered copies and torch's SDPA.
         # `paged_kernel=False` keeps the latter (EngineConfig.paged_attention_kernel).
         self.decode_kernel = _decode_kernel(config, dtype, device) if paged_kernel else None
         # RMSNorm, SiLU * up and rotary in one C pass each where it runs (fp32 on CPU, a C
@@ -106,7 +109,12 @@ class ModelRunner:
             None
             if graph_mode == "off"
             else DecodeGraphs(
-                model, self.kv_cache, block_size, num_blocks, capture=graph_mode == "capture"
+                model,
+                self.kv_cache,
+                block_size,
+                num_blocks,
+                capture=graph_mode == "capture",
+                decode_kernel=self.decode_kernel,
             )
         )
 
@@ -219,10 +227,15 @@ def _decode_graph_mode(mode: str, device: torch.device, config: ModelConfig) -> 
 
 def _decode_kernel(
     config: ModelConfig, dtype: torch.dtype, device: torch.device
-) -> PagedDecodeKernel | None:
+) -> DecodeKernel | None:
+    heads, kv_heads = config.num_attention_heads, config.num_key_value_heads
+    if device.type == "cuda":
+        # Triton's kernel over the cache in place, where Triton is installed (any dtype).
+        if not TritonPagedDecode.supports(heads, kv_heads, config.head_dim):
+            return None
+        return triton_paged_decode()
     if device.type != "cpu" or dtype != torch.float32:
         return None
-    heads, kv_heads = config.num_attention_heads, config.num_key_value_heads
     if not PagedDecodeKernel.supports(heads, kv_heads, config.head_dim):
         return None
     return paged_decode_kernel()
