@@ -55,13 +55,16 @@ def _case(
     return q, k_cache, v_cache, tables, torch.tensor(lengths)
 
 
-def _reference(
+def float64_reference(
     q: torch.Tensor,
     k_cache: torch.Tensor,
     v_cache: torch.Tensor,
     tables: torch.Tensor,
     lengths: torch.Tensor,
 ) -> torch.Tensor:
+    """Each row over its own blocks in float64 (also the Triton kernel's reference)."""
+    q, k_cache, v_cache = q.cpu(), k_cache.cpu(), v_cache.cpu()
+    tables, lengths = tables.cpu(), lengths.cpu()
     heads, kv_heads, head_dim = q.shape[1], k_cache.shape[2], q.shape[2]
     block_size = k_cache.shape[1]
     out = torch.empty(q.shape, dtype=torch.float64)
@@ -92,7 +95,7 @@ def test_kernel_equals_float64_attention_over_scattered_blocks(
     assert PagedDecodeKernel.supports(heads, kv_heads, head_dim)
     q, k_cache, v_cache, tables, context = _case(heads, kv_heads, head_dim, block_size, lengths, 7)
     out = _kernel().attend(q, k_cache, v_cache, tables, context)
-    expected = _reference(q, k_cache, v_cache, tables, context)
+    expected = float64_reference(q, k_cache, v_cache, tables, context)
     torch.testing.assert_close(out.double(), expected, atol=2e-5, rtol=1e-5)
 
 

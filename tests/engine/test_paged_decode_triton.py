@@ -1,7 +1,8 @@
-"""Triton's decode attention over the paged cache in place (the CUDA path), against SDPA over
-each row's gathered K/V. On a GPU it runs on CUDA tensors (fp32 and bf16); elsewhere, where
-Triton is installed, in Triton's interpreter on CPU tensors (fp32: the interpreter's bf16
-tl.dot is broken in Triton 3.9, so bf16 is checked on CUDA only).
+"""Triton's decode attention over the paged cache in place (the CUDA path), against float64
+attention over each row's blocks (test_paged_decode_kernel's reference). On a GPU it runs on
+CUDA tensors (fp32 and bf16); elsewhere, where Triton is installed, in Triton's interpreter on
+CPU tensors (fp32: the interpreter's bf16 tl.dot is broken in Triton 3.9, so bf16 is checked
+on CUDA only).
 
 The interpreter must be on before Triton is imported (its standard library is jit'd at import),
 so without a GPU this module runs itself again in a child pytest with TRITON_INTERPRET=1.
@@ -16,9 +17,9 @@ from pathlib import Path
 
 import pytest
 import torch
-import torch.nn.functional as F
 
 from engine.model.kernels.paged_decode_triton import TritonPagedDecode
+from tests.engine.test_paged_decode_kernel import float64_reference
 
 pytest.importorskip("triton", reason="Triton is installed with CUDA builds of torch")
 
@@ -55,31 +56,6 @@ def test_kernel_in_the_triton_interpreter() -> None:
     assert "5 passed" in child.stdout, child.stdout
 
 
-def reference(
-    q: torch.Tensor,
-    k_cache: torch.Tensor,
-    v_cache: torch.Tensor,
-    tables: torch.Tensor,
-    lengths: torch.Tensor,
-) -> torch.Tensor:
-    """Each row alone: its blocks gathered, SDPA in fp32."""
-    block_size, kv_heads, head_dim = k_cache.shape[1:]
-    out = []
-    for row in range(q.shape[0]):
-        length = int(lengths[row])
-        blocks = tables[row, : -(-length // block_size)]
-        keys = k_cache[blocks].reshape(-1, kv_heads, head_dim)[:length]
-        values = v_cache[blocks].reshape(-1, kv_heads, head_dim)[:length]
-        attended = F.scaled_dot_product_attention(
-            q[row : row + 1].transpose(0, 1).unsqueeze(0).float(),
-            keys.transpose(0, 1).unsqueeze(0).float(),
-            values.transpose(0, 1).unsqueeze(0).float(),
-            enable_gqa=True,
-        )
-        out.append(attended.squeeze(0).transpose(0, 1))
-    return torch.cat(out)
-
-
 @runs_here
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize(
@@ -106,9 +82,9 @@ def test_matches_sdpa_over_each_rows_blocks(
     q = normal(rows, heads, head_dim)
     out = TritonPagedDecode().attend(q, k_cache, v_cache, tables, lengths)
     assert out.shape == q.shape and out.dtype == dtype
-    expected = reference(q, k_cache, v_cache, tables, lengths)
+    expected = float64_reference(q, k_cache, v_cache, tables, lengths).float()
     tolerance = 1e-5 if dtype == torch.float32 else 2e-2
-    torch.testing.assert_close(out.float(), expected, atol=tolerance, rtol=tolerance)
+    torch.testing.assert_close(out.float().cpu(), expected, atol=tolerance, rtol=tolerance)
 
 
 @runs_here
