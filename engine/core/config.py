@@ -38,9 +38,10 @@ class EngineConfig:
     # CPU: run every linear through oneDNN over weights prepacked at load (2-7x faster decode
     # GEMMs than torch's default MKL path on a Zen 4 EPYC); False keeps torch's own linears.
     prepack_linears: bool = True
-    # CPU, fp32: decode attention by the engine's own kernel over the paged cache in place
-    # (engine/model/kernels/; 4-6x faster than gathering K/V copies for torch's SDPA on this
-    # project's 2-vCPU machines); False, or no C compiler, keeps the gather and SDPA.
+    # Decode attention by the engine's own kernel over the paged cache in place: on CPU (fp32 or
+    # bf16 caches) a C kernel (engine/model/kernels/; 4-6x faster than gathering K/V copies for
+    # torch's SDPA on this project's 2-vCPU machines), on CUDA a Triton one; False, or no C
+    # compiler / no Triton, keeps the gather and SDPA.
     paged_attention_kernel: bool = True
     # CPU, fp32: RMSNorm (with the residual add), SiLU * up and rotary each in one C pass
     # (engine/model/kernels/fused_elementwise.c: 2-4x faster than eager torch's op chains, 4x

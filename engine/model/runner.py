@@ -87,8 +87,8 @@ class ModelRunner:
             device,
         )
         # Decode attention over the cache in place (engine/model/kernels/) where it runs: fp32
-        # caches on CPU, with a C compiler here; any cache on CUDA, with Triton installed; else
-        # gathered copies and torch's SDPA.
+        # and bf16 caches on CPU, with a C compiler here; any cache on CUDA, with Triton
+        # installed; else gathered copies and torch's SDPA.
         # `paged_kernel=False` keeps the latter (EngineConfig.paged_attention_kernel).
         self.decode_kernel = _decode_kernel(config, dtype, device) if paged_kernel else None
         # RMSNorm, SiLU * up and rotary in one C pass each where it runs (fp32 on CPU, a C
@@ -234,7 +234,7 @@ def _decode_kernel(
         if not TritonPagedDecode.supports(heads, kv_heads, config.head_dim):
             return None
         return triton_paged_decode()
-    if device.type != "cpu" or dtype != torch.float32:
+    if device.type != "cpu" or dtype not in (torch.float32, torch.bfloat16):
         return None
     if not PagedDecodeKernel.supports(heads, kv_heads, config.head_dim):
         return None

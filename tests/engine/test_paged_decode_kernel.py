@@ -99,6 +99,27 @@ def test_kernel_equals_float64_attention_over_scattered_blocks(
     torch.testing.assert_close(out.double(), expected, atol=2e-5, rtol=1e-5)
 
 
+@pytest.mark.parametrize(
+    ("heads", "kv_heads", "head_dim", "block_size", "lengths"),
+    [(8, 4, 32, 16, [1, 17, 300, 33]), (12, 12, 64, 16, [130, 2]), (32, 8, 128, 16, [40, 77])],
+)
+def test_a_bf16_cache_equals_float64_attention_over_its_values(
+    heads: int, kv_heads: int, head_dim: int, block_size: int, lengths: list[int]
+) -> None:
+    """bf16 K/V widened as they are read: the float64 attention over the same bf16 values, the
+    answer rounded once to bf16 (q and the output are bf16 in a bf16 model)."""
+    case = _case(heads, kv_heads, head_dim, block_size, lengths, 11)
+    q, k_cache, v_cache = (t.bfloat16() for t in case[:3])
+    tables, context = case[3], case[4]
+    out = _kernel().attend(q, k_cache, v_cache, tables, context)
+    assert out.dtype == torch.bfloat16
+    expected = float64_reference(q, k_cache, v_cache, tables, context)
+    # One bf16 rounding of the result (8 bits of mantissa) and fp32 sums before it.
+    torch.testing.assert_close(out.double(), expected, atol=1e-2, rtol=2**-7)
+    with pytest.raises(ValueError, match="no kernel for torch.float16"):
+        _kernel().attend(q, k_cache.half(), v_cache.half(), tables, context)
+
+
 def test_a_strided_query_view_gives_the_same_answer() -> None:
     # The model hands attention a slice of its fused qkv projection, not a contiguous tensor.
     q, k_cache, v_cache, tables, context = _case(8, 4, 32, 16, [20, 50, 3], 1)
@@ -177,11 +198,13 @@ def test_without_a_compiler_the_runner_keeps_gather_and_sdpa(tiny_model_dir: Pat
     assert runner.decode_kernel is None
 
 
-def test_the_runner_takes_the_kernel_for_fp32_on_cpu_only(tiny_model_dir: Path) -> None:
+def test_the_runner_takes_the_kernel_for_fp32_and_bf16_on_cpu(tiny_model_dir: Path) -> None:
     cpu = torch.device("cpu")
     model, _ = load_model(tiny_model_dir, torch.float32, cpu)
     assert ModelRunner(model, 64, 4, torch.float32, cpu, seed=0).decode_kernel is not None
     without = ModelRunner(model, 64, 4, torch.float32, cpu, seed=0, paged_kernel=False)
     assert without.decode_kernel is None
     model16, _ = load_model(tiny_model_dir, torch.bfloat16, cpu)
-    assert ModelRunner(model16, 64, 4, torch.bfloat16, cpu, seed=0).decode_kernel is None
+    assert ModelRunner(model16, 64, 4, torch.bfloat16, cpu, seed=0).decode_kernel is not None
+    model_half, _ = load_model(tiny_model_dir, torch.float16, cpu)
+    assert ModelRunner(model_half, 64, 4, torch.float16, cpu, seed=0).decode_kernel is None

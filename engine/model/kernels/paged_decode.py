@@ -2,8 +2,8 @@
 
 `paged_decode_kernel()` compiles the kernel once per machine and returns it, or None where it
 cannot run here (no C compiler, a failed build); the runner then keeps the gather + SDPA path.
-Only fp32 caches on CPU take it: bf16 decode attention runs over fp32 copies anyway
-(engine/model/attention.py), and CUDA has its own kernels.
+fp32 and bf16 caches on CPU take it (a bf16 cache's K/V are widened as they are read; q and
+the output cross in fp32); CUDA has its own kernel (paged_decode_triton.py).
 """
 
 from __future__ import annotations
@@ -24,18 +24,25 @@ _SOURCE = Path(__file__).with_name("paged_decode_attention.c")
 _MAX_GROUP = 64
 _MAX_HEAD_DIM = 512
 _MAX_ACC = 64 * 128
+# The cache dtypes the C file has an entry point for.
+_ENTRY_POINTS = {
+    torch.float32: "mixgate_paged_decode_attention_f32",
+    torch.bfloat16: "mixgate_paged_decode_attention_bf16",
+}
 
 
 class PagedDecodeKernel:
     """Single-token queries, each over its own blocks of one layer's K/V cache."""
 
     def __init__(self, library: ctypes.CDLL) -> None:
-        fn = library.mixgate_paged_decode_attention_f32
         i64, ptr = ctypes.c_int64, ctypes.c_void_p
-        fn.argtypes = [ptr, ptr, ptr, ptr, i64, ptr, ptr, i64, i64, i64, i64, i64]
-        fn.argtypes += [ctypes.c_float, ctypes.c_int]
-        fn.restype = ctypes.c_int
-        self._fn = fn
+        self._fns = {}
+        for dtype, name in _ENTRY_POINTS.items():
+            fn = getattr(library, name)
+            fn.argtypes = [ptr, ptr, ptr, ptr, i64, ptr, ptr, i64, i64, i64, i64, i64]
+            fn.argtypes += [ctypes.c_float, ctypes.c_int]
+            fn.restype = ctypes.c_int
+            self._fns[dtype] = fn
 
     @staticmethod
     def supports(heads: int, kv_heads: int, head_dim: int) -> bool:
@@ -52,9 +59,14 @@ class PagedDecodeKernel:
         block_tables: torch.Tensor,
         context_lens: torch.Tensor,
     ) -> torch.Tensor:
-        """q [rows, heads, d] fp32; caches [blocks, block_size, kv_heads, d] (one layer);
-        block_tables int64 [rows, width]; context_lens int64 [rows] -> [rows, heads, d]."""
-        q = q.contiguous()
+        """q [rows, heads, d]; caches [blocks, block_size, kv_heads, d] (one layer, fp32 or
+        bf16); block_tables int64 [rows, width]; context_lens int64 [rows] -> [rows, heads, d]
+        in q's dtype."""
+        fn = self._fns.get(k_cache.dtype)
+        if fn is None or v_cache.dtype != k_cache.dtype:
+            raise ValueError(f"paged decode attention has no kernel for {k_cache.dtype} caches")
+        out_dtype = q.dtype
+        q = q.float().contiguous()
         rows, heads, head_dim = q.shape
         if not (k_cache.is_contiguous() and v_cache.is_contiguous()):
             raise ValueError("the K/V cache of a layer must be contiguous")
@@ -63,7 +75,7 @@ class PagedDecodeKernel:
         tables = block_tables.contiguous()
         lengths = context_lens.contiguous()
         out = torch.empty_like(q)
-        status = self._fn(
+        status = fn(
             q.data_ptr(),
             k_cache.data_ptr(),
             v_cache.data_ptr(),
@@ -81,7 +93,7 @@ class PagedDecodeKernel:
         )
         if status != 0:
             raise ValueError("paged decode attention refused these shapes")
-        return out
+        return out.to(out_dtype)
 
 
 @functools.cache

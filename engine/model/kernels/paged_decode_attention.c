@@ -1,4 +1,4 @@
-/* Decode attention over the paged KV cache in place (fp32, CPU): no gathered copy of K/V.
+/* Decode attention over the paged KV cache in place (CPU): no gathered copy of K/V.
  *
  * Why by hand: every torch path attends over a contiguous K/V, so a paged cache must first be
  * gathered into a copy (read the cache, write the copy, read the copy again), and torch's CPU
@@ -14,6 +14,10 @@
  * Per (row, kv head) task, two passes: scores of every key for the group's query heads (a
  * scratch of group x context floats), then softmax and the weighted sum of V. Exactly the
  * softmax(q.K^T * scale).V that SDPA computes, in another summation order.
+ *
+ * Two entry points, one body: an fp32 cache, and a bf16 cache (bf16 K/V widened to fp32 as they
+ * are read, q and out in fp32: what SDPA over fp32 copies of the gathered bf16 K/V computed,
+ * without the gather, the copies or the second read).
  */
 #include <math.h>
 #include <stdint.h>
@@ -33,102 +37,116 @@ static inline int64_t tokens_in_block(int64_t context_len, int64_t b, int64_t bl
     return left < block_size ? left : block_size;
 }
 
-static void attend_row_heads(const float *q, const float *k_cache, const float *v_cache,
-                             const int64_t *table, int64_t context_len, float *out,
-                             int64_t group, int64_t kv_heads, int64_t kv_first, int64_t kv_count,
-                             int64_t head_dim, int64_t block_size, float scale, float *scores) {
-    const int64_t heads = kv_count * group;
-    const int64_t token_stride = kv_heads * head_dim;
-    const int64_t block_stride = block_size * token_stride;
-    const int64_t num_blocks = (context_len + block_size - 1) / block_size;
-    /* pass 1: scores[h * context_len + t] = q_h . k_t * scale */
-    for (int64_t b = 0; b < num_blocks; ++b) {
-        const float *k_block = k_cache + table[b] * block_stride + kv_first * head_dim;
-        const int64_t first = b * block_size, count = tokens_in_block(context_len, b, block_size);
-        for (int64_t t = 0; t < count; ++t) {
-            for (int64_t h = 0; h < heads; ++h) {
-                /* query head h of this task reads the keys of its kv head, h / group */
-                const float *k = k_block + t * token_stride + (h / group) * head_dim;
-                const float *qh = q + h * head_dim;
-                float dot = 0.0f;
-#pragma omp simd reduction(+ : dot)
-                for (int64_t d = 0; d < head_dim; ++d) dot += qh[d] * k[d];
-                scores[h * context_len + first + t] = dot * scale;
-            }
-        }
-    }
-    /* softmax per query head, in place */
-    for (int64_t h = 0; h < heads; ++h) {
-        float *s = scores + h * context_len;
-        float top = s[0];
-        for (int64_t t = 1; t < context_len; ++t) top = s[t] > top ? s[t] : top;
-        float total = 0.0f;
-#pragma omp simd reduction(+ : total)
-        for (int64_t t = 0; t < context_len; ++t) {
-            s[t] = expf(s[t] - top);
-            total += s[t];
-        }
-        const float inv = 1.0f / total;
-#pragma omp simd
-        for (int64_t t = 0; t < context_len; ++t) s[t] *= inv;
-    }
-    /* pass 2: out_h = sum_t p_h,t * v_t */
-    float acc[MAX_ACC];
-    memset(acc, 0, sizeof(float) * heads * head_dim);
-    for (int64_t b = 0; b < num_blocks; ++b) {
-        const float *v_block = v_cache + table[b] * block_stride + kv_first * head_dim;
-        const int64_t first = b * block_size, count = tokens_in_block(context_len, b, block_size);
-        for (int64_t t = 0; t < count; ++t) {
-            for (int64_t h = 0; h < heads; ++h) {
-                const float *v = v_block + t * token_stride + (h / group) * head_dim;
-                const float p = scores[h * context_len + first + t];
-                float *a = acc + h * head_dim;
-#pragma omp simd
-                for (int64_t d = 0; d < head_dim; ++d) a[d] += p * v[d];
-            }
-        }
-    }
-    memcpy(out, acc, sizeof(float) * heads * head_dim);
+#define DEFINE_PAGED_DECODE(SUFFIX, KV_T, LOAD) \
+static void attend_row_heads_##SUFFIX(const float *q, const KV_T *k_cache, const KV_T *v_cache,          \
+                             const int64_t *table, int64_t context_len, float *out,                      \
+                             int64_t group, int64_t kv_heads, int64_t kv_first, int64_t kv_count,        \
+                             int64_t head_dim, int64_t block_size, float scale, float *scores) {         \
+    const int64_t heads = kv_count * group;                                                              \
+    const int64_t token_stride = kv_heads * head_dim;                                                    \
+    const int64_t block_stride = block_size * token_stride;                                              \
+    const int64_t num_blocks = (context_len + block_size - 1) / block_size;                              \
+    /* pass 1: scores[h * context_len + t] = q_h . k_t * scale */                                        \
+    for (int64_t b = 0; b < num_blocks; ++b) {                                                           \
+        const KV_T *k_block = k_cache + table[b] * block_stride + kv_first * head_dim;                   \
+        const int64_t first = b * block_size, count = tokens_in_block(context_len, b, block_size);       \
+        for (int64_t t = 0; t < count; ++t) {                                                            \
+            for (int64_t h = 0; h < heads; ++h) {                                                        \
+                /* query head h of this task reads the keys of its kv head, h / group */                 \
+                const KV_T *k = k_block + t * token_stride + (h / group) * head_dim;                     \
+                const float *qh = q + h * head_dim;                                                      \
+                float dot = 0.0f;                                                                        \
+_Pragma("omp simd reduction(+ : dot)")                                                                   \
+                for (int64_t d = 0; d < head_dim; ++d) dot += qh[d] * LOAD(k[d]);                        \
+                scores[h * context_len + first + t] = dot * scale;                                       \
+            }                                                                                            \
+        }                                                                                                \
+    }                                                                                                    \
+    /* softmax per query head, in place */                                                               \
+    for (int64_t h = 0; h < heads; ++h) {                                                                \
+        float *s = scores + h * context_len;                                                             \
+        float top = s[0];                                                                                \
+        for (int64_t t = 1; t < context_len; ++t) top = s[t] > top ? s[t] : top;                         \
+        float total = 0.0f;                                                                              \
+_Pragma("omp simd reduction(+ : total)")                                                                 \
+        for (int64_t t = 0; t < context_len; ++t) {                                                      \
+            s[t] = expf(s[t] - top);                                                                     \
+            total += s[t];                                                                               \
+        }                                                                                                \
+        const float inv = 1.0f / total;                                                                  \
+_Pragma("omp simd")                                                                                      \
+        for (int64_t t = 0; t < context_len; ++t) s[t] *= inv;                                           \
+    }                                                                                                    \
+    /* pass 2: out_h = sum_t p_h,t * v_t */                                                              \
+    float acc[MAX_ACC];                                                                                  \
+    memset(acc, 0, sizeof(float) * heads * head_dim);                                                    \
+    for (int64_t b = 0; b < num_blocks; ++b) {                                                           \
+        const KV_T *v_block = v_cache + table[b] * block_stride + kv_first * head_dim;                   \
+        const int64_t first = b * block_size, count = tokens_in_block(context_len, b, block_size);       \
+        for (int64_t t = 0; t < count; ++t) {                                                            \
+            for (int64_t h = 0; h < heads; ++h) {                                                        \
+                const KV_T *v = v_block + t * token_stride + (h / group) * head_dim;                     \
+                const float p = scores[h * context_len + first + t];                                     \
+                float *a = acc + h * head_dim;                                                           \
+_Pragma("omp simd")                                                                                      \
+                for (int64_t d = 0; d < head_dim; ++d) a[d] += p * LOAD(v[d]);                           \
+            }                                                                                            \
+        }                                                                                                \
+    }                                                                                                    \
+    memcpy(out, acc, sizeof(float) * heads * head_dim);                                                  \
+}                                                                                                        \
+                                                                                                         \
+/* Returns 0, or -1 when a shape is outside what the kernel supports (the caller falls back). */         \
+int mixgate_paged_decode_attention_##SUFFIX(const float *q, const KV_T *k_cache,                         \
+                                       const KV_T *v_cache, const int64_t *block_tables,                 \
+                                       int64_t table_stride, const int64_t *context_lens,                \
+                                       float *out, int64_t rows, int64_t heads, int64_t kv_heads,        \
+                                       int64_t head_dim, int64_t block_size, float scale,                \
+                                       int num_threads) {                                                \
+    if (kv_heads < 1 || heads % kv_heads != 0) return -1;                                                \
+    const int64_t group = heads / kv_heads;                                                              \
+    if (group > MAX_GROUP || head_dim > MAX_HEAD_DIM || heads * head_dim > MAX_ACC) return -1;           \
+    int64_t longest = 1;                                                                                 \
+    for (int64_t r = 0; r < rows; ++r) {                                                                 \
+        if (context_lens[r] < 1) return -1;                                                              \
+        longest = context_lens[r] > longest ? context_lens[r] : longest;                                 \
+    }                                                                                                    \
+    /* A task is a whole row (every head: each token's K/V record is read in one sweep) when             \
+     * there are rows enough to keep the threads busy; else a (row, kv head) pair. */                    \
+    const int64_t split = rows >= 2 * (int64_t)num_threads ? 1 : kv_heads;                               \
+    const int64_t per_task = kv_heads / split;                                                           \
+    int failed = 0;                                                                                      \
+_Pragma("omp parallel num_threads(num_threads)")                                                         \
+    {                                                                                                    \
+        float *scores = (float *)malloc(sizeof(float) * heads * longest);                                \
+        if (scores == NULL) {                                                                            \
+_Pragma("omp atomic write")                                                                              \
+            failed = 1;                                                                                  \
+        }                                                                                                \
+_Pragma("omp for collapse(2) schedule(dynamic, 1)")                                                      \
+        for (int64_t r = 0; r < rows; ++r) {                                                             \
+            for (int64_t part = 0; part < split; ++part) {                                               \
+                if (scores == NULL) continue;                                                            \
+                const int64_t offset = (r * heads + part * per_task * group) * head_dim;                 \
+                attend_row_heads_##SUFFIX(q + offset, k_cache, v_cache, block_tables + r * table_stride, \
+                                 context_lens[r], out + offset, group, kv_heads,                         \
+                                 part * per_task, per_task, head_dim, block_size, scale, scores);        \
+            }                                                                                            \
+        }                                                                                                \
+        free(scores);                                                                                    \
+    }                                                                                                    \
+    return failed ? -1 : 0;                                                                              \
+}                                                                                                        \
+
+static inline float load_f32(float x) { return x; }
+
+/* bf16 is the high half of an fp32: widening is a 16-bit shift (vectorized by the compiler). */
+static inline float load_bf16(uint16_t x) {
+    const uint32_t bits = (uint32_t)x << 16;
+    float value;
+    memcpy(&value, &bits, sizeof value);
+    return value;
 }
 
-/* Returns 0, or -1 when a shape is outside what the kernel supports (the caller falls back). */
-int mixgate_paged_decode_attention_f32(const float *q, const float *k_cache,
-                                       const float *v_cache, const int64_t *block_tables,
-                                       int64_t table_stride, const int64_t *context_lens,
-                                       float *out, int64_t rows, int64_t heads, int64_t kv_heads,
-                                       int64_t head_dim, int64_t block_size, float scale,
-                                       int num_threads) {
-    if (kv_heads < 1 || heads % kv_heads != 0) return -1;
-    const int64_t group = heads / kv_heads;
-    if (group > MAX_GROUP || head_dim > MAX_HEAD_DIM || heads * head_dim > MAX_ACC) return -1;
-    int64_t longest = 1;
-    for (int64_t r = 0; r < rows; ++r) {
-        if (context_lens[r] < 1) return -1;
-        longest = context_lens[r] > longest ? context_lens[r] : longest;
-    }
-    /* A task is a whole row (every head: each token's K/V record is read in one sweep) when
-     * there are rows enough to keep the threads busy; else a (row, kv head) pair. */
-    const int64_t split = rows >= 2 * (int64_t)num_threads ? 1 : kv_heads;
-    const int64_t per_task = kv_heads / split;
-    int failed = 0;
-#pragma omp parallel num_threads(num_threads)
-    {
-        float *scores = (float *)malloc(sizeof(float) * heads * longest);
-        if (scores == NULL) {
-#pragma omp atomic write
-            failed = 1;
-        }
-#pragma omp for collapse(2) schedule(dynamic, 1)
-        for (int64_t r = 0; r < rows; ++r) {
-            for (int64_t part = 0; part < split; ++part) {
-                if (scores == NULL) continue;
-                const int64_t offset = (r * heads + part * per_task * group) * head_dim;
-                attend_row_heads(q + offset, k_cache, v_cache, block_tables + r * table_stride,
-                                 context_lens[r], out + offset, group, kv_heads,
-                                 part * per_task, per_task, head_dim, block_size, scale, scores);
-            }
-        }
-        free(scores);
-    }
-    return failed ? -1 : 0;
-}
+DEFINE_PAGED_DECODE(f32, float, load_f32)
+DEFINE_PAGED_DECODE(bf16, uint16_t, load_bf16)
