@@ -172,12 +172,23 @@ class JobRunner:
                 if delta.new_token_ids or delta.new_text:
                     parts.append(delta.new_text)
                     data = {"text": delta.new_text, "token_ids": list(delta.new_token_ids)}
-                    route = await self._publish(local, DELTA, data)
+                    route = await self._current_route(local)
+                    if mark_first and route is Route.REDIS:
+                        # A reader elsewhere (another replica, a resumed stream) sees this
+                        # token as soon as it is in Redis: mark first. Marked after, a replica
+                        # killed in between left the job retryable although its reader had a
+                        # token (reclaim requeued it: a retry repeats the tokens, or with no
+                        # replica of its class left the stream never ends; seen in CI).
+                        mark_first = False
+                        mark = partial(self._store.mark_tokens_sent, local.job_id)
+                        await retry_transient(mark, what="mark_tokens_sent", backoff=self._backoff)
+                    await self._deliver(local, route, DELTA, data)
                     if mark_first and route is not Route.NOBODY:
-                        # After the publish, so the first token is not delayed by this write;
-                        # beside the next deltas, not before them, so neither is the second
-                        # (its round trip was in the second token's latency). Awaited below,
-                        # before any outcome is written.
+                        # In-process delivery: the reader dies with this replica, so the mark
+                        # can follow the token. After it, so the first token is not delayed by
+                        # this write; beside the next deltas, not before them, so neither is
+                        # the second (its round trip was in the second token's latency).
+                        # Awaited below, before any outcome is written.
                         mark_first = False
                         mark = partial(self._store.mark_tokens_sent, local.job_id)
                         marking = asyncio.create_task(
@@ -332,6 +343,13 @@ class JobRunner:
 
     async def _publish(self, local: LocalJob, kind: str, data: dict[str, Any]) -> Route:
         route = await self._current_route(local)
+        await self._deliver(local, route, kind, data)
+        return route
+
+    async def _deliver(
+        self, local: LocalJob, route: Route, kind: str, data: dict[str, Any]
+    ) -> None:
+        """One event to the attempt's reader by `route` (`_current_route`'s answer)."""
         if route is Route.LOCAL:
             assert local.listener is not None
             local.listener.deliver_new(kind, data)
@@ -342,7 +360,6 @@ class JobRunner:
                 local.next_event_index += 1
             # Batched with every other job's events of this tick; retried inside.
             await self._streams.batched.publish(local.job_id, kind, data, entry_id)
-        return route
 
     def _emit(
         self, local: LocalJob, kind: DispatchEventKind, timings: dict[str, Any] | None = None

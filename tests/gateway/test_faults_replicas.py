@@ -18,6 +18,7 @@ from bench.live.processes import ServerProcess
 from tests.replica_cluster import (
     SseReader,
     cluster_prefix,
+    job_hash,
     ledger,
     model_name,
     redis_client,
@@ -65,6 +66,12 @@ def test_sigkill_of_a_replica_mid_run(pair: Pair) -> None:
         reader.start()
     assert all(r.first_token.wait(30) for r in readers)
     assert all(r.failure is None and r.job_id for r in readers), [r.errors for r in readers]
+    # A token a reader on another replica has seen is one the job is marked for: V marks before
+    # it publishes, so a kill at any moment from here leaves no retryable job behind a started
+    # stream (marked after, a kill in between requeued the chat and its stream never ended).
+    for reader in readers:
+        assert reader.job_id is not None
+        assert job_hash(pair.redis, pair.prefix, reader.job_id)["tokens_sent"] == "1"
     held = wait_until_running_on(pair.redis, pair.prefix, jobs, "V")
     assert held  # V ran some of the jobs when it was killed
     pair.v.kill()
