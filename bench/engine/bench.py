@@ -64,6 +64,7 @@ from planning.model_shape_from_config import shape_from_hf_config
 __all__ = [
     "BenchConfig",
     "compare_throughput",
+    "decode_max_tokens",
     "mixed_workload",
     "run_engine_bench",
     "run_engine_requests",
@@ -81,7 +82,7 @@ def model_shape(engine: LLMEngine, model_dir: str) -> ModelShape:
 # ---- (a) decode step vs estimate -----------------------------------------------------------
 
 
-def _decode_max_tokens(batch: int, context_tokens: int, steps: int) -> int:
+def decode_max_tokens(batch: int, context_tokens: int, steps: int) -> int:
     """Enough tokens that no sequence finishes before the timed steps end, even one whose
     prefill finished several steps before the others' (it decodes during their prefill)."""
     prefill_steps = -(-batch * context_tokens // max(1, STEP_TOKEN_BUDGET - batch))
@@ -98,7 +99,7 @@ def time_decode_steps(
     """Seconds of each of `config.steps` pure-decode steps of `batch` sequences (and, for an
     MoE model, the experts its timed steps computed, into `union_log`)."""
     vocab = engine.model_config.vocab_size
-    max_tokens = _decode_max_tokens(batch, config.context_tokens, config.steps)
+    max_tokens = decode_max_tokens(batch, config.context_tokens, config.steps)
     # NOTE: the same prompts every round: from the second round on the prefix cache holds
     # them, which makes the untimed prefill cheap; the timed decode steps are unchanged.
     rng = random.Random(f"steps-{config.seed}-{batch}")
@@ -132,7 +133,7 @@ def _step_engine(config: BenchConfig) -> LLMEngine:
     # cached when the next round comes back to them.
     context = config.context_tokens
     num_blocks = sum(
-        size * blocks(context + _decode_max_tokens(size, context, config.steps)) for size in sizes
+        size * blocks(context + decode_max_tokens(size, context, config.steps)) for size in sizes
     )
     return make_engine(config, max(sizes), num_blocks + 1)
 

@@ -22,7 +22,7 @@ from rich.console import Console
 from rich.table import Table
 from torch.profiler import DeviceType, ProfilerActivity, profile
 
-from bench.engine.bench import _decode_max_tokens
+from bench.engine.bench import decode_max_tokens
 from bench.engine.config import BenchConfig, blocks, greedy, make_engine, random_prompt
 from bench.engine.report import decode_graph_info
 from engine.core.llm_engine import LLMEngine
@@ -35,7 +35,7 @@ TOP_OPERATORS = 12
 
 def _max_tokens(batch: int, config: BenchConfig) -> int:
     # Prefill, 3 warm steps, then the plain and the profiled steps, with none finishing.
-    return _decode_max_tokens(batch, config.context_tokens, 2 * config.steps) + 3
+    return decode_max_tokens(batch, config.context_tokens, 2 * config.steps) + 3
 
 
 def _start_decoding(engine: LLMEngine, batch: int, config: BenchConfig) -> list[str]:

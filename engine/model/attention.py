@@ -14,13 +14,6 @@ from typing import Protocol
 import torch
 import torch.nn.functional as F
 
-from engine.model.kernels.paged_decode import PagedDecodeKernel
-from engine.model.kernels.paged_decode_triton import TritonPagedDecode
-
-# A decode kernel over the paged cache in place: the C one on CPU, Triton's on CUDA (the same
-# `attend` interface).
-DecodeKernel = PagedDecodeKernel | TritonPagedDecode
-
 # bf16/fp16 decode attention on CPU runs over fp32 copies (see PagedAttention._decode); a
 # module switch so that a benchmark can time both in one process.
 UPCAST_CPU_DECODE = True
@@ -31,6 +24,34 @@ def decode_attention_dtype(dtype: torch.dtype, device: torch.device) -> torch.dt
     if UPCAST_CPU_DECODE and dtype != torch.float32 and device.type == "cpu":
         return torch.float32
     return dtype
+
+
+class DecodeKernel(Protocol):
+    """Decode attention over the paged cache in place: the C kernel on CPU
+    (engine/model/kernels/paged_decode.py), Triton's on CUDA (paged_decode_triton.py)."""
+
+    def attend(
+        self,
+        q: torch.Tensor,
+        k_cache: torch.Tensor,
+        v_cache: torch.Tensor,
+        block_tables: torch.Tensor,
+        context_lens: torch.Tensor,
+    ) -> torch.Tensor:
+        """q [rows, heads, d]; one layer's caches [blocks, block_size, kv_heads, d];
+        block_tables int64 [rows, width]; context_lens int64 [rows] -> [rows, heads, d]."""
+        ...
+
+
+def additive_mask(visible: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """0 where a key is visible, -inf where not: SDPA's own form of a boolean mask.
+
+    NOTE: built once per step and shared by every layer. Handed a boolean mask, SDPA converts
+    it with `where` inside every call (two per call, ~1 ms of a 4-layer mixed step on the small
+    preset); the float mask is what it would have built, so outputs are the same bits.
+    """
+    mask = torch.zeros(visible.shape, dtype=dtype, device=visible.device)
+    return mask.masked_fill_(visible.logical_not(), float("-inf"))
 
 
 class AttentionBackend(Protocol):

@@ -33,6 +33,7 @@ from engine.model.attention import (
     GatherBuffers,
     PagedAttention,
     PagedAttentionMetadata,
+    additive_mask,
 )
 from engine.model.transformer import LlamaModel
 
@@ -103,7 +104,6 @@ class DecodeGraphs:
         self.replays = 0
         # Which SDPA kernels the captured graphs run ("default" or "math"), once one is.
         self.sdpa_backends: str | None = None
-        self._arange = torch.arange(0, dtype=torch.long, device=self.device)
 
     @property
     def graphs_captured(self) -> int:
@@ -179,21 +179,17 @@ class DecodeGraphs:
             entry.slot_mapping[rows:].fill_(self.scratch_block * self.block_size)
             entry.context_lens[rows:].fill_(1)
 
-    def _key_positions(self, count: int) -> torch.Tensor:
-        if self._arange.shape[0] < count:
-            self._arange = torch.arange(count, dtype=torch.long, device=self.device)
-        return self._arange[:count]
-
     def _forward(self, entry: _StaticDecode) -> torch.Tensor:
         """The padded step's forward over the entry's tensors (what a graph records)."""
         batch, width = entry.block_tables.shape
         if self.decode_kernel is not None:
             group = DecodeGroup(0, batch, entry.block_tables, None, entry.context_lens)
         else:
-            key_pos = self._key_positions(width * self.block_size)
+            # Made here, inside what a graph records (its memory then belongs to the graph):
+            # a tensor kept and grown outside would leave older graphs reading freed memory.
+            key_pos = torch.arange(width * self.block_size, device=self.device)
             visible = key_pos.unsqueeze(0) < entry.context_lens.unsqueeze(1)
-            mask = torch.zeros(visible.shape, dtype=self.kv_cache.dtype, device=self.device)
-            mask = mask.masked_fill_(visible.logical_not(), float("-inf")).view(batch, 1, 1, -1)
+            mask = additive_mask(visible, self.kv_cache.dtype).view(batch, 1, 1, -1)
             group = DecodeGroup(0, batch, entry.block_tables, mask)
         meta = PagedAttentionMetadata(entry.slot_mapping, (group,), ())
         # Buffers of its own: inside a capture they come from the graph's pool, and no other
@@ -207,8 +203,6 @@ class DecodeGraphs:
         if not self.capture:
             entry.logits = self._forward(entry)
             return True
-        # The key positions must exist before capture: a capture may not allocate outside it.
-        self._key_positions(bucket[1] * self.block_size)
         errors = []
         # SDPA's own choice first (cuDNN's kernel on an H100/H200); its math kernel (plain
         # matmuls and softmax, always capturable) if that cannot be captured.

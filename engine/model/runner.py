@@ -12,6 +12,7 @@ from engine.model.attention import (
     PagedAttention,
     PagedAttentionMetadata,
     PrefillSpan,
+    additive_mask,
     decode_attention_dtype,
 )
 from engine.model.config import ModelConfig
@@ -239,17 +240,6 @@ def _decode_kernel(
     if not PagedDecodeKernel.supports(heads, kv_heads, config.head_dim):
         return None
     return paged_decode_kernel()
-
-
-def additive_mask(visible: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-    """0 where a key is visible, -inf where not: SDPA's own form of a boolean mask.
-
-    NOTE: built once per step and shared by every layer. Handed a boolean mask, SDPA converts
-    it with `where` inside every call (two per call, ~1 ms of a 4-layer mixed step on the small
-    preset); the float mask is what it would have built, so outputs are the same bits.
-    """
-    mask = torch.zeros(visible.shape, dtype=dtype, device=visible.device)
-    return mask.masked_fill_(visible.logical_not(), float("-inf"))
 
 
 # Gathered K+V bytes (one layer) a decode group may hold before the next group starts; None:

@@ -118,3 +118,19 @@ def test_cuda_decode_steps_replay_graphs(tiny_model_dir: Path) -> None:
     graphs = engine.runner.decode_graphs
     assert graphs is not None and graphs.disabled_reason is None, graphs
     assert graphs.replays > 0 and graphs.replays == graphs.steps_served
+
+
+def test_the_padded_path_without_a_decode_kernel_stays_exact(tiny_model_dir: Path) -> None:
+    """The static path's own gather + SDPA with a mask (CUDA without Triton takes it): the
+    exactness test's chunking, preemption and prefix sharing, through it."""
+    from tests.engine.test_engine_exactness import test_greedy_matches_dense_reference
+
+    test_greedy_matches_dense_reference(
+        tiny_model_dir,
+        13,
+        24,
+        8,
+        device="cpu",
+        decode_graphs="eager",
+        paged_attention_kernel=False,
+    )
