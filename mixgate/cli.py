@@ -155,8 +155,8 @@ def _add_bench(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
         "--elementwise",
         choices=("fused", "eager"),
         default="fused",
-        help="RMSNorm, SiLU * up and rotary: the engine's C kernels (its default where they "
-        "build), or eager torch ops",
+        help="RMSNorm, SiLU * up and rotary: the engine's fused kernels (C on CPU, Triton on CUDA; "
+        "its default where they run), or eager torch ops",
     )
     engine.add_argument(
         "--small-linears",

@@ -10,6 +10,7 @@ from rich.table import Table
 from bench.engine.config import STEP_TOKEN_BUDGET, WARMUP_STEPS, BenchConfig
 from bench.report.run_folder import runtime_facts
 from engine.core.llm_engine import LLMEngine
+from engine.model.kernels.fused_elementwise_triton import TritonFusedElementwise
 from engine.model.kernels.paged_decode_triton import TritonPagedDecode
 from planning.costmodel import ModelShape
 
@@ -36,10 +37,17 @@ def model_info(config: BenchConfig, engine: LLMEngine, shape: ModelShape) -> dic
         # Which decode attention ran (EngineConfig.paged_attention_kernel).
         "decode_attention": _decode_attention(engine),
         # Which elementwise ops ran (EngineConfig.fused_elementwise_kernels).
-        "elementwise": "fused-kernels" if engine.runner.fused_elementwise else "eager-torch",
+        "elementwise": _elementwise(engine),
         # Whether pure-decode steps replayed CUDA graphs (EngineConfig.decode_graphs).
         "decode_graphs": decode_graph_info(engine),
     }
+
+
+def _elementwise(engine: LLMEngine) -> str:
+    kernels = engine.runner.fused_elementwise
+    if kernels is None:
+        return "eager-torch"
+    return "triton" if isinstance(kernels, TritonFusedElementwise) else "c"
 
 
 def decode_graph_info(engine: LLMEngine) -> dict[str, Any] | None:

@@ -17,6 +17,8 @@ from engine.model.attention import (
 )
 from engine.model.config import ModelConfig
 from engine.model.decode_graphs import DecodeGraphs
+from engine.model.kernels.elementwise import ElementwiseKernels
+from engine.model.kernels.fused_elementwise_triton import triton_fused_elementwise
 from engine.model.kernels.fused_ops import fused_elementwise_kernel
 from engine.model.kernels.paged_decode import PagedDecodeKernel, paged_decode_kernel
 from engine.model.kernels.paged_decode_triton import TritonPagedDecode, triton_paged_decode
@@ -92,13 +94,10 @@ class ModelRunner:
         # installed; else gathered copies and torch's SDPA.
         # `paged_kernel=False` keeps the latter (EngineConfig.paged_attention_kernel).
         self.decode_kernel = _decode_kernel(config, dtype, device) if paged_kernel else None
-        # RMSNorm, SiLU * up and rotary in one C pass each where it runs (fp32 on CPU, a C
-        # compiler here); `fused_elementwise=False` keeps eager torch
-        # (EngineConfig.fused_elementwise_kernels).
-        cpu_fp32 = device.type == "cpu" and dtype == torch.float32
-        self.fused_elementwise = (
-            fused_elementwise_kernel() if fused_elementwise and cpu_fp32 else None
-        )
+        # RMSNorm (with the residual add), SiLU * up and rotary in one pass each where a kernel
+        # runs: C for fp32 on CPU (a C compiler here), Triton on CUDA (Triton installed);
+        # `fused_elementwise=False` keeps eager torch (EngineConfig.fused_elementwise_kernels).
+        self.fused_elementwise = _elementwise_kernels(dtype, device) if fused_elementwise else None
         model.use_fused_elementwise(self.fused_elementwise)
         self.sampler = Sampler(device, seed)
         self.gather_buffers = GatherBuffers()
@@ -240,6 +239,14 @@ def _decode_kernel(
     if not PagedDecodeKernel.supports(heads, kv_heads, config.head_dim):
         return None
     return paged_decode_kernel()
+
+
+def _elementwise_kernels(dtype: torch.dtype, device: torch.device) -> ElementwiseKernels | None:
+    if device.type == "cuda":
+        return triton_fused_elementwise()
+    if device.type == "cpu" and dtype == torch.float32:
+        return fused_elementwise_kernel()
+    return None
 
 
 # Gathered K+V bytes (one layer) a decode group may hold before the next group starts; None:

@@ -14,7 +14,7 @@ from torch import nn
 
 from engine.model.attention import AttentionBackend
 from engine.model.config import ModelConfig
-from engine.model.kernels.fused_ops import FusedElementwise
+from engine.model.kernels.elementwise import ElementwiseKernels
 from engine.model.moe import SparseMoeBlock
 from engine.model.rotary import RotaryEmbedding, RotaryTables
 
@@ -24,9 +24,9 @@ class RMSNorm(nn.Module):
         super().__init__()
         self.weight = nn.Parameter(torch.ones(hidden_size))
         self.eps = eps
-        # The C kernels of engine/model/kernels/fused_elementwise.c, where the model runs them
-        # (LlamaModel.use_fused_elementwise); None: eager torch.
-        self.fused: FusedElementwise | None = None
+        # Fused kernels (engine/model/kernels/: C on CPU, Triton on CUDA) where the model runs
+        # them (LlamaModel.use_fused_elementwise); None: eager torch.
+        self.fused: ElementwiseKernels | None = None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.fused is not None and x.dim() == 2 and self.fused.applies_to(x):
@@ -59,7 +59,7 @@ class Attention(nn.Module):
         self.split_sizes = [q_size, kv_size, kv_size]
         self.qkv_proj = nn.Linear(config.hidden_size, q_size + 2 * kv_size, bias=config.qkv_bias)
         self.o_proj = nn.Linear(q_size, config.hidden_size, bias=config.o_proj_bias)
-        self.fused: FusedElementwise | None = None  # the rotary kernel where it runs
+        self.fused: ElementwiseKernels | None = None  # the rotary kernel where it runs
 
     def forward(self, rope: RotaryTables, x: torch.Tensor, attn: AttentionBackend) -> torch.Tensor:
         qkv = self.qkv_proj(x)
@@ -83,7 +83,7 @@ class MLP(nn.Module):
         size = config.intermediate_size
         self.gate_up_proj = nn.Linear(config.hidden_size, 2 * size, bias=config.mlp_bias)
         self.down_proj = nn.Linear(size, config.hidden_size, bias=config.mlp_bias)
-        self.fused: FusedElementwise | None = None  # the SiLU * up kernel where it runs
+        self.fused: ElementwiseKernels | None = None  # the SiLU * up kernel where it runs
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         gate_up = self.gate_up_proj(x)
@@ -106,12 +106,26 @@ class DecoderLayer(nn.Module):
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.mlp: MLP | SparseMoeBlock = SparseMoeBlock(config) if config.is_moe else MLP(config)
 
-    def forward(self, rope: RotaryTables, x: torch.Tensor, attn: AttentionBackend) -> torch.Tensor:
-        attended = self.self_attn(rope, self.input_layernorm(x), attn)
-        # The residual add and the second norm in one pass (the fused kernel's add_rms_norm).
-        x, normed = self.post_attention_layernorm.add_and_norm(x, attended)
-        out: torch.Tensor = x + self.mlp(normed)
-        return out
+    def forward(
+        self,
+        rope: RotaryTables,
+        x: torch.Tensor,
+        residual: torch.Tensor | None,
+        attn: AttentionBackend,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """(x, residual) -> (this layer's MLP output, the residual stream before it).
+
+        The residual add after the MLP is left to the next layer's input norm (or the final
+        norm), which does it in the same pass as the norm, as vLLM's layers do: one launch per
+        layer fewer on a GPU, one pass over the activations fewer on CPU. `residual` is None for
+        the first layer (its input is the embeddings)."""
+        if residual is None:
+            residual, normed = x, self.input_layernorm(x)
+        else:
+            residual, normed = self.input_layernorm.add_and_norm(x, residual)
+        attended = self.self_attn(rope, normed, attn)
+        residual, normed = self.post_attention_layernorm.add_and_norm(attended, residual)
+        return self.mlp(normed), residual
 
 
 class LlamaModel(nn.Module):
@@ -139,9 +153,11 @@ class LlamaModel(nn.Module):
         """input_ids, positions: [T] -> final hidden states [T, hidden] (before lm_head)."""
         x = self.embed_tokens(input_ids)
         rope = self.rotary.tables(positions, x.dtype)
+        residual: torch.Tensor | None = None
         for layer in self.layers:
-            x = layer(rope, x, attn)
-        hidden: torch.Tensor = self.norm(x)
+            x, residual = layer(rope, x, residual, attn)
+        assert residual is not None, "a model has at least one layer"
+        _, hidden = self.norm.add_and_norm(x, residual)
         return hidden
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
@@ -149,9 +165,9 @@ class LlamaModel(nn.Module):
         logits: torch.Tensor = self.lm_head(hidden)
         return logits.float()
 
-    def use_fused_elementwise(self, kernel: FusedElementwise | None) -> None:
-        """Run RMSNorm (with the residual add), SiLU * up and rotary through `kernel` where a
-        tensor is fp32 on CPU (None: eager torch everywhere). The dense reference path
+    def use_fused_elementwise(self, kernel: ElementwiseKernels | None) -> None:
+        """Run RMSNorm (with the residual add), SiLU * up and rotary through `kernel` where it
+        applies to a tensor (None: eager torch everywhere). The dense reference path
         (`dense_logits`) runs through the same modules, so it follows the same choice."""
         for module in self.modules():
             if isinstance(module, (RMSNorm, Attention, MLP)):
