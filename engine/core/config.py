@@ -56,6 +56,13 @@ class EngineConfig:
     # H200 idle most of an 8B decode step), "off", or "eager" (the padded path without graphs,
     # on any device: tests).
     decode_graphs: str = "auto"
+    # CPU: a fresh engine's steps as fast as its later ones. The KV cache's pages are committed
+    # ahead of use on a background thread (engine/model/kv_cache_memory.py: first touch of
+    # fresh huge pages doubled a prefill step), and oneDNN's primitive for every weight shape
+    # and row bucket a step can take is made before the engine is ready
+    # (prepacked_linear.warm_row_buckets). Off here (tests build many engines); `mixgate serve`
+    # turns it on.
+    prewarm: bool = False
     # torch intra-op threads; None leaves torch's default.
     num_threads: int | None = None
     # Seed for requests without their own seed.

@@ -18,6 +18,7 @@ from engine.core.scheduler_output import SchedulerOutput
 from engine.core.sequence import Sequence
 from engine.core.step_record import LoadSnapshot, StepHistory, StepRecord
 from engine.model.config import ModelConfig
+from engine.model.prepacked_linear import warm_row_buckets
 from engine.model.runner import ModelRunner, kv_block_bytes
 from engine.model.weights import DTYPES, load_model
 from engine.text.detokenizer import IncrementalDetokenizer
@@ -66,7 +67,11 @@ class LLMEngine:
             fused_elementwise=self.config.fused_elementwise_kernels,
             small_linear_kernel=self.config.small_linear_kernel,
             decode_graphs=self.config.decode_graphs,
+            populate_kv_cache=self.config.prewarm,
         )
+        if self.config.prewarm and runner.prepacked:
+            # A step's rows are its tokens: at most the step budget.
+            warm_row_buckets(model, self.config.step_token_budget)
         self.tokenizer = tokenizer
         self._init_core(model_config, runner, num_blocks, tokenizer.eos_token_ids)
 

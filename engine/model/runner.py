@@ -23,7 +23,7 @@ from engine.model.kernels.fused_ops import fused_elementwise_kernel
 from engine.model.kernels.paged_decode import PagedDecodeKernel, paged_decode_kernel
 from engine.model.kernels.paged_decode_triton import TritonPagedDecode, triton_paged_decode
 from engine.model.kernels.skinny import skinny_linear_kernel
-from engine.model.kv_cache_memory import zeroed_kv_cache
+from engine.model.kv_cache_memory import populate_in_background, zeroed_kv_cache
 from engine.model.prepacked_linear import prepack_linears, prepacking_supported
 from engine.model.sampler import Sampler
 from engine.model.step_inputs import StepInputBuilder, StepInputs
@@ -59,6 +59,7 @@ class ModelRunner:
         fused_elementwise: bool = True,
         small_linear_kernel: bool = True,
         decode_graphs: str = "auto",
+        populate_kv_cache: bool = False,
     ):
         config = model.config
         # oneDNN-prepacked weights where this CPU runs them (engine/model/prepacked_linear.py: 2-7x
@@ -89,6 +90,8 @@ class ModelRunner:
             dtype,
             device,
         )
+        # Pages committed ahead of the steps that first write them (EngineConfig.prewarm).
+        self.populate_thread = populate_in_background(self.kv_cache) if populate_kv_cache else None
         # Decode attention over the cache in place (engine/model/kernels/) where it runs: fp32
         # and bf16 caches on CPU, with a C compiler here; any cache on CUDA, with Triton
         # installed; else gathered copies and torch's SDPA.

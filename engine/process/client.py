@@ -139,6 +139,11 @@ class EngineCoreClient:
         except BaseException:
             await self._shutdown_process()  # no child may outlive a failed start
             raise
+        # Both sides are connected (the child connects before it loads the model, and its
+        # EngineReady came over one of them): the socket files have done their part. Removing
+        # them now means that a gateway SIGKILLed later leaves no folder behind in /tmp (one
+        # per killed server, before: 39 of them here after a few test runs).
+        self._remove_socket_folder()
         self._snapshot = ready.load
         self._ready = True
         self._reader = asyncio.create_task(self._read_outputs(), name="engine-core-reader")
@@ -188,6 +193,9 @@ class EngineCoreClient:
         if self._context is not None:
             self._context.term()
             self._context = None
+        self._remove_socket_folder()
+
+    def _remove_socket_folder(self) -> None:
         if self._tmp_dir is not None:
             shutil.rmtree(self._tmp_dir, ignore_errors=True)
             self._tmp_dir = None

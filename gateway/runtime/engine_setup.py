@@ -65,6 +65,7 @@ def engine_config(envelope: Envelope, settings: Settings) -> EngineConfig:
         fused_elementwise_kernels=settings.fused_elementwise_kernels,
         small_linear_kernel=settings.small_linear_kernel,
         decode_graphs=settings.decode_graphs,
+        prewarm=settings.prewarm,
     )
 
 

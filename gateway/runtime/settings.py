@@ -83,6 +83,9 @@ class Settings:
     small_linear_kernel: bool = True
     # The native engine's pure-decode steps as CUDA graphs: "auto" (on CUDA), "off".
     decode_graphs: str = "auto"
+    # The native engine's first steps as fast as its later ones (EngineConfig.prewarm: the CPU KV
+    # cache committed in the background, oneDNN's GEMM shapes made before ready).
+    prewarm: bool = True
     log_level: str = "info"
     log_json: bool = True
     # "mixgate" | "priority" | "fcfs": the scheduling preset (policies/scheduling_policy.py).
@@ -187,6 +190,7 @@ _BOOLS = {
     "paged_attention_kernel",
     "fused_elementwise_kernels",
     "small_linear_kernel",
+    "prewarm",
 }
 _INTS = {
     "port",

@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
+import tempfile
 import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -76,7 +77,11 @@ async def test_greedy_outputs_equal_the_in_thread_engines(tiny_model_dir: Path) 
         expected = await asyncio.gather(*(_tokens(in_thread, r) for r in _requests()))
     finally:
         await in_thread.stop()
+    before = set(Path(tempfile.gettempdir()).glob("mixgate-engine-*"))
     async with core_client(tiny_model_dir) as client:
+        # The socket files are gone once the child is ready (a SIGKILLed gateway leaves none),
+        # and the connections they made carry every request after.
+        assert set(Path(tempfile.gettempdir()).glob("mixgate-engine-*")) <= before
         got = await asyncio.gather(*(_tokens(client, r) for r in _requests()))
         load = client.load()
     assert got == expected and all(len(t) == GREEDY.max_tokens for t in got)

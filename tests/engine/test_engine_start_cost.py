@@ -1,5 +1,6 @@
 """What an engine start does not pay for: torch._dynamo's import (random init on meta), and a
-KV cache written in full before its first block is used."""
+KV cache written in full before its first block is used; and how a served engine commits the
+cache's pages anyway, in the background, without changing what the engine writes meanwhile."""
 
 from __future__ import annotations
 
@@ -49,6 +50,44 @@ print(before, after_alloc, after_write)
     before, after_alloc, after_write = (int(value) for value in out.split())
     assert after_alloc - before < 64 << 20, "allocating the cache made it resident"
     assert after_write - before >= 4 << 20
+
+
+@pytest.mark.skipif(not Path("/proc/self/statm").is_file(), reason="reads Linux's /proc")
+def test_populating_commits_every_page_and_keeps_what_was_written() -> None:
+    # In a child, alone, as above. Writes land before, during and after the populate thread's
+    # run; every one must survive it (MADV_POPULATE_WRITE faults pages in, it writes nothing).
+    script = """
+import os, torch
+from engine.model.kv_cache_memory import populate_in_background, zeroed_kv_cache
+page = os.sysconf("SC_PAGE_SIZE")
+def resident_bytes():
+    return int(open("/proc/self/statm").read().split()[1]) * page
+cache = zeroed_kv_cache((64, 1 << 20), torch.float32, torch.device("cpu"))  # 256 MiB
+before = resident_bytes()
+cache[0] = 1.0
+thread = populate_in_background(cache)
+cache[40] = 2.0
+thread.join()
+cache[63] = 3.0
+after = resident_bytes()
+written = float(cache[0].sum() + cache[40].sum() + cache[63].sum())
+print(after - before, written, float(cache.sum()) - written)
+"""
+    out = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, check=True
+    ).stdout
+    # The last line: the thread's log line may come before it.
+    grown, written, elsewhere = (float(value) for value in out.splitlines()[-1].split())
+    assert grown >= 250 << 20, "the populate thread left most of the cache uncommitted"
+    assert written == 6.0 * (1 << 20) and elsewhere == 0.0
+
+
+def test_populating_is_for_cpu_memory_only() -> None:
+    from engine.model.kv_cache_memory import populate_in_background
+
+    meta = torch.empty(4, 4, device="meta")
+    assert populate_in_background(meta) is None
+    assert populate_in_background(torch.empty(0)) is None
 
 
 def test_building_the_model_imports_no_dynamo_and_restores_init(tiny_model_dir: Path) -> None:

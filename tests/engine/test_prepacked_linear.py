@@ -11,11 +11,14 @@ from torch import nn
 
 from engine.core.config import EngineConfig
 from engine.core.llm_engine import LLMEngine
+from engine.model.kernels.skinny import MAX_ROWS
 from engine.model.prepacked_linear import (
     PrepackedLinear,
     bucketed_rows,
     prepacking_supported,
+    warm_row_buckets,
 )
+from tests.engine.test_engine_exactness import run_greedy
 
 PROMPT = [5, 17, 99, 3, 250, 41, 8, 8, 120, 64, 7]
 
@@ -77,3 +80,34 @@ def test_padded_rows_do_not_change_the_real_rows(rows: int) -> None:
     torch.testing.assert_close(out, linear(x), rtol=1e-5, atol=1e-5)
     # Leading dimensions other than rows are kept.
     assert packed(x.reshape(1, rows, 64)).shape == (1, rows, 96)
+
+
+@pytest.mark.skipif(
+    not prepacking_supported(torch.device("cpu"), torch.float32), reason="no oneDNN here"
+)
+def test_warming_runs_each_weight_shape_once_per_onednn_row_bucket(tiny_model_dir: Path) -> None:
+    engine = _engine(tiny_model_dir, True)
+    linears = [m for m in engine.runner.model.modules() if isinstance(m, PrepackedLinear)]
+    shapes = {(m.in_features, m.out_features, m.bias is not None) for m in linears}
+    buckets = {bucketed_rows(rows) for rows in range(1, 101)}
+    one_per_shape = {(m.in_features, m.out_features, m.bias is not None): m for m in linears}
+    expected = sum(
+        len([b for b in buckets if not (m.skinny is not None and b <= MAX_ROWS)])
+        for m in one_per_shape.values()
+    )
+    assert len(shapes) < len(linears)  # one per shape, not one per linear
+    assert warm_row_buckets(engine.runner.model, 100) == expected
+
+
+def test_a_prewarmed_engine_gives_the_same_tokens(tiny_model_dir: Path) -> None:
+    def greedy(prewarm: bool) -> list[int]:
+        config = EngineConfig(
+            max_active_seqs=2, num_kv_blocks=16, device="cpu", dtype="float32", prewarm=prewarm
+        )
+        engine = LLMEngine(tiny_model_dir, config)
+        if prewarm and engine.runner.populate_thread is not None:
+            engine.runner.populate_thread.join()
+        outputs, _ = run_greedy(engine, [PROMPT, PROMPT[3:]], 12)
+        return outputs["r0"] + outputs["r1"]
+
+    assert greedy(True) == greedy(False)

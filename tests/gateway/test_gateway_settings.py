@@ -56,3 +56,14 @@ def test_the_kernel_switches_reach_the_engine_config() -> None:
     assert engine_config(Envelope.default(), graphs_off).decode_graphs == "off"
     assert on.paged_attention_kernel is True
     assert on.fused_elementwise_kernels is True
+
+
+def test_a_served_engine_prewarms_and_a_bare_engine_config_does_not() -> None:
+    from engine.core.config import EngineConfig
+    from gateway.runtime.engine_setup import engine_config
+    from policies.envelope import Envelope
+
+    assert EngineConfig().prewarm is False
+    assert engine_config(Envelope.default(), Settings()).prewarm is True
+    cold = Settings.from_env({"MIXGATE_PREWARM": "0"})
+    assert engine_config(Envelope.default(), cold).prewarm is False
