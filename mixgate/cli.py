@@ -182,6 +182,18 @@ def _add_bench(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     _add_live_run_arguments(compare)
     compare.add_argument("--policies", default="fcfs,priority,mixgate")
     compare.add_argument(
+        "--repeats",
+        type=int,
+        default=1,
+        help="run the whole comparison N times (policy order rotated) and report medians",
+    )
+    compare.add_argument(
+        "--peer",
+        default=None,
+        help="with --repeats: the policy each other policy's paired ratios are taken against "
+        "(default: the first of --policies)",
+    )
+    compare.add_argument(
         "--slo",
         default=None,
         help="SLO whose TTFT/ITL bounds count goodput (default: bench/slos/chat-over-backlog.toml)",

@@ -10,6 +10,11 @@ otherwise answer the next phase from its cache.
 
 Goodput per class (requests per second whose own TTFT and mean ITL met the ``--slo`` file's
 bounds, as vLLM's benchmark and AIPerf count it) goes into each summary as ``"goodput"``.
+
+``--repeats N`` runs the whole comparison N times, the policy order rotated each time
+(bench/live/repeats.py), and reports the median of every number per policy, plus each policy's
+ratios to the peer policy (``--peer``, default the first) taken within each repeat; the runs of
+repeat r go to OUT/rep{r}/ (OUT/ itself when N is 1).
 """
 
 from __future__ import annotations
@@ -23,6 +28,7 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
+from bench.live.repeats import median_tree, paired_ratios, rotated
 from bench.live.runners import Runner, RunPoint, ensure_model, runner_from_args
 from bench.load.records import read_records
 from bench.load.workload import Workload
@@ -97,24 +103,70 @@ def run_compare(args: argparse.Namespace) -> int:
     out.mkdir(parents=True, exist_ok=True)
     slo_path = Path(getattr(args, "slo", None) or DEFAULT_SLO_PATH)
     policies = [p.strip() for p in args.policies.split(",") if p.strip()]
+    repeats = int(getattr(args, "repeats", 1) or 1)
+    if repeats < 1:
+        raise SystemExit("--repeats must be at least 1")
+    peer = getattr(args, "peer", None) or policies[0]
+    if peer not in policies:
+        raise SystemExit(f"--peer {peer!r} is not one of --policies")
+    runs: list[list[dict[str, Any]]] = []
     with runner_from_args(args, out) as runner:
         for policy in policies:
             runner.check_policy(policy)
         workload = runner.load_workload(args.workload)
         if args.duration_s is not None:
             workload = replace(workload, duration_s=args.duration_s)
-        rows = compare_policies(runner, workload, policies, out, slo_path)
+        for repeat in range(repeats):
+            folder = out if repeats == 1 else out / f"rep{repeat}"
+            order = rotated(policies, repeat)
+            by_policy = {
+                row["policy"]: row
+                for row in compare_policies(runner, workload, order, folder, slo_path)
+            }
+            runs.append([by_policy[policy] for policy in policies])
+    # Every repeat has one row per policy, in --policies order.
+    per_policy = zip(*runs, strict=True)
+    rows = runs[0] if repeats == 1 else [median_tree(list(group)) for group in per_policy]
     simulated = " (simulated)" if runner.simulated else ""
-    (out / "comparison.json").write_text(json.dumps(rows, indent=2) + "\n")
-    (out / "comparison.md").write_text(
-        f"# {workload.name}{simulated}: {', '.join(policies)}\n\n" + render_comparison(rows)
-    )
+    document: Any = rows
+    title = f"# {workload.name}{simulated}: {', '.join(policies)}"
+    body = render_comparison(rows)
+    if repeats > 1:
+        paired = paired_ratios(runs, peer)
+        document = {
+            "repeats": repeats,
+            "peer": peer,
+            "median": rows,
+            "paired": paired,
+            "runs": runs,
+        }
+        title += f" (medians of {repeats} repeats, policy order rotated)"
+        body += "\n\n" + _paired_markdown(paired, peer)
+    (out / "comparison.json").write_text(json.dumps(document, indent=2) + "\n")
+    (out / "comparison.md").write_text(f"{title}\n\n{body}")
     plot_vs_load(
         [{"policy": r["policy"], "offered_load": 1.0, **r["summary"]} for r in rows], out / "vs_"
     )
     _print(rows)
     print(f"results in {out}{simulated}")
     return 0
+
+
+def _paired_markdown(paired: dict[str, dict[str, Any]], peer: str) -> str:
+    lines = [
+        f"Ratios to {peer}, paired within each repeat (median; each repeat's in brackets):",
+        "",
+        "| policy | chat TTFT p99 | chat ITL p99 | bulk tokens/s |",
+        "|---|---|---|---|",
+    ]
+    for policy, entry in paired.items():
+        cells = []
+        for name in ("chat_ttft_p99", "chat_itl_p99", "bulk_output_tokens_per_s"):
+            block = entry[name]
+            each = ", ".join("-" if r is None else f"{r:.2f}" for r in block["per_repeat"])
+            cells.append(f"{_x(block['median'])} [{each}]")
+        lines.append(f"| {policy} | " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
 
 
 def _ms(value: Any) -> str:

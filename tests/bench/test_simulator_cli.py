@@ -93,3 +93,27 @@ def test_simulated_compare_puts_policies_side_by_side(tmp_path: Path) -> None:
         assert set(row["alone"]) == {"chat-alone", "bulk-alone"}
     for policy in ("fcfs", "mixgate"):
         assert read_run_folder(out / policy / "mixed").config["policy"] == policy
+
+
+def test_simulated_compare_with_repeats_reports_medians_and_paired_ratios(tmp_path: Path) -> None:
+    out = tmp_path / "compare"
+    argv = ["bench", "compare", "--simulate", "--workload", _workload(tmp_path), "--out", str(out)]
+    argv += ["--policies", "fcfs,mixgate", "--repeats", "2", "--peer", "fcfs", *TARGET]
+    assert main(argv) == 0
+    document = json.loads((out / "comparison.json").read_text())
+    assert document["repeats"] == 2 and document["peer"] == "fcfs"
+    # Each repeat's runs in a folder of its own, both policies in each.
+    for repeat in (0, 1):
+        for policy in ("fcfs", "mixgate"):
+            folder = out / f"rep{repeat}" / policy / "mixed"
+            assert read_run_folder(folder).config["policy"] == policy
+    # Rows in --policies order whatever order a repeat ran them in.
+    assert [[row["policy"] for row in run] for run in document["runs"]] == [["fcfs", "mixgate"]] * 2
+    assert [row["policy"] for row in document["median"]] == ["fcfs", "mixgate"]
+    # Virtual time: both repeats measure the same, so the median is each repeat's number.
+    first = document["runs"][0][1]["summary"]["classes"]["interactive"]["ttft_s"]["p99"]
+    assert document["median"][1]["summary"]["classes"]["interactive"]["ttft_s"]["p99"] == first
+    ttft = document["paired"]["mixgate"]["chat_ttft_p99"]
+    assert len(ttft["per_repeat"]) == 2 and ttft["median"] == ttft["per_repeat"][0]
+    assert "fcfs" not in document["paired"]
+    assert "paired within each repeat" in (out / "comparison.md").read_text()
