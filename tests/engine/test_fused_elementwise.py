@@ -17,6 +17,7 @@ from engine.model.kernels.fused_ops import FusedElementwise, fused_elementwise_k
 from engine.model.rotary import RotaryEmbedding
 from engine.model.runner import ModelRunner
 from engine.model.weights import load_model
+from tests.engine.elementwise_refusals import assert_refuses_mismatched_shapes
 
 # hidden, intermediate, heads, kv heads, head_dim: tiny-ish, small, 100m, an 8B's.
 SHAPES = [
@@ -100,17 +101,7 @@ def test_a_row_gets_the_same_bits_alone_in_any_batch_and_thread_count() -> None:
 
 
 def test_mismatched_shapes_are_refused() -> None:
-    kernel = _kernel()
-    with pytest.raises(ValueError):
-        kernel.rms_norm(torch.randn(4, 8), torch.ones(9), EPS)
-    with pytest.raises(ValueError):
-        kernel.add_rms_norm(torch.randn(4, 8), torch.randn(3, 8), torch.ones(8), EPS)
-    with pytest.raises(ValueError):
-        kernel.silu_mul(torch.randn(4, 7))
-    with pytest.raises(ValueError):
-        kernel.rms_norm(torch.randn(2, 4, 8), torch.ones(8), EPS)
-    with pytest.raises(ValueError):
-        kernel.rotary(torch.randn(2, 3, 7), torch.ones(2, 1, 7), torch.ones(2, 1, 7))
+    assert_refuses_mismatched_shapes(_kernel())
 
 
 def test_the_model_gives_eager_torchs_logits_through_the_kernels(tiny_model_dir: Path) -> None:

@@ -3,24 +3,24 @@ against eager torch's ops, which they replace: RMSNorm with and without the resi
 SiLU * up, rotary; and the model's logits through them. On a GPU they run on CUDA tensors (fp32
 and bf16); elsewhere, where Triton is installed, in Triton's interpreter on CPU tensors.
 
-The interpreter must be on before Triton is imported (its standard library is jit'd at import),
-so without a GPU this module runs itself again in a child pytest with TRITON_INTERPRET=1.
+Without a GPU this module runs itself again in Triton's interpreter, in a child pytest
+(tests/engine/triton_interpreter.py).
 """
 
 from __future__ import annotations
 
 import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import torch
 import torch.nn.functional as F
 
-from engine.model.kernels.fused_elementwise_triton import TritonFusedElementwise
+from engine.model.kernels.fused_elementwise_triton import NORM_TILE, TritonFusedElementwise
 from engine.model.rotary import RotaryEmbedding
 from engine.model.weights import load_model
+from tests.engine.elementwise_refusals import assert_refuses_mismatched_shapes
+from tests.engine.triton_interpreter import assert_passes_in_the_interpreter
 
 pytest.importorskip("triton", reason="Triton is installed with CUDA builds of torch")
 
@@ -40,26 +40,7 @@ EPS = 1e-5
 
 @pytest.mark.skipif(ON_GPU or INTERPRETING, reason="the kernels run directly here")
 def test_kernels_in_the_triton_interpreter() -> None:
-    child = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "pytest",
-            "-q",
-            "-p",
-            "no:cacheprovider",
-            str(Path(__file__)),
-            "-k",
-            "not in_the_triton_interpreter",
-        ],  # fmt: skip
-        env={**os.environ, "TRITON_INTERPRET": "1"},
-        capture_output=True,
-        text=True,
-        timeout=150,
-        check=False,
-    )
-    assert child.returncode == 0, child.stdout + child.stderr
-    assert "5 passed" in child.stdout, child.stdout
+    assert_passes_in_the_interpreter(__file__, passed=6, timeout_s=150)
 
 
 def _tolerance(dtype: torch.dtype) -> dict[str, float]:
@@ -117,18 +98,27 @@ def test_each_kernel_gives_eager_torchs_values(
 
 @runs_here
 def test_mismatched_shapes_are_refused() -> None:
-    kernel = TritonFusedElementwise()
     with torch.device(DEVICE):
-        with pytest.raises(ValueError):
-            kernel.rms_norm(torch.randn(4, 8), torch.ones(9), EPS)
-        with pytest.raises(ValueError):
-            kernel.add_rms_norm(torch.randn(4, 8), torch.randn(3, 8), torch.ones(8), EPS)
-        with pytest.raises(ValueError):
-            kernel.silu_mul(torch.randn(4, 7))
-        with pytest.raises(ValueError):
-            kernel.rms_norm(torch.randn(2, 4, 8), torch.ones(8), EPS)
-        with pytest.raises(ValueError):
-            kernel.rotary(torch.randn(2, 3, 12), torch.ones(2, 1, 12), torch.ones(2, 1, 12))
+        assert_refuses_mismatched_shapes(TritonFusedElementwise())
+        with pytest.raises(ValueError):  # rotary here needs a power-of-two head_dim
+            TritonFusedElementwise().rotary(
+                torch.randn(2, 3, 12), torch.ones(2, 1, 12), torch.ones(2, 1, 12)
+            )
+
+
+@runs_here
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_a_row_wider_than_a_tile_is_normed_tile_by_tile(dtype: torch.dtype) -> None:
+    hidden = NORM_TILE + NORM_TILE // 2 + 3  # two tiles, the second partly masked
+    generator = torch.Generator().manual_seed(hidden)
+    x, residual = _normal(generator, dtype, 3, hidden), _normal(generator, dtype, 3, hidden)
+    weight = 1 + 0.1 * _normal(generator, dtype, hidden)
+    kernel = TritonFusedElementwise()
+    tolerance = _tolerance(dtype)
+    torch.testing.assert_close(kernel.rms_norm(x, weight, EPS), _eager_norm(x, weight), **tolerance)
+    total, normed = kernel.add_rms_norm(x, residual, weight, EPS)
+    assert torch.equal(total, x + residual)
+    torch.testing.assert_close(normed, _eager_norm(x + residual, weight), **tolerance)
 
 
 @runs_here

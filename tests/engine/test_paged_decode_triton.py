@@ -4,22 +4,20 @@ CUDA tensors (fp32 and bf16); elsewhere, where Triton is installed, in Triton's 
 CPU tensors (fp32: the interpreter's bf16 tl.dot is broken in Triton 3.9, so bf16 is checked
 on CUDA only).
 
-The interpreter must be on before Triton is imported (its standard library is jit'd at import),
-so without a GPU this module runs itself again in a child pytest with TRITON_INTERPRET=1.
+Without a GPU this module runs itself again in Triton's interpreter, in a child pytest
+(tests/engine/triton_interpreter.py).
 """
 
 from __future__ import annotations
 
 import os
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 import torch
 
 from engine.model.kernels.paged_decode_triton import TritonPagedDecode
 from tests.engine.test_paged_decode_kernel import float64_reference
+from tests.engine.triton_interpreter import assert_passes_in_the_interpreter
 
 pytest.importorskip("triton", reason="Triton is installed with CUDA builds of torch")
 
@@ -34,26 +32,7 @@ runs_here = pytest.mark.skipif(
 
 @pytest.mark.skipif(ON_GPU or INTERPRETING, reason="the kernel runs directly here")
 def test_kernel_in_the_triton_interpreter() -> None:
-    child = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "pytest",
-            "-q",
-            "-p",
-            "no:cacheprovider",
-            str(Path(__file__)),
-            "-k",
-            "not in_the_triton_interpreter",
-        ],  # fmt: skip
-        env={**os.environ, "TRITON_INTERPRET": "1"},
-        capture_output=True,
-        text=True,
-        timeout=110,
-        check=False,
-    )
-    assert child.returncode == 0, child.stdout + child.stderr
-    assert "5 passed" in child.stdout, child.stdout
+    assert_passes_in_the_interpreter(__file__, passed=5, timeout_s=110)
 
 
 @runs_here

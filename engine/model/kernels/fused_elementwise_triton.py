@@ -24,18 +24,21 @@ from typing import Any
 import structlog
 import torch
 
+from engine.model.kernels.triton_support import (
+    interpreting,
+    next_power_of_two,
+    triton_import_error,
+)
+
 __all__ = ["TritonFusedElementwise", "triton_fused_elementwise"]
 
 log = structlog.get_logger("mixgate.kernels")
 
 # Columns one SiLU * up program covers.
 SILU_TILE = 1024
-# The widest row an RMSNorm program holds at once (one tile per row); wider rows run eager.
-MAX_NORM_WIDTH = 32768
-
-
-def _next_power_of_two(value: int) -> int:
-    return 1 << max(0, value - 1).bit_length()
+# Columns an RMSNorm program holds at once: a row up to this wide is one tile (an 8B's 4096
+# is); a wider one is walked twice, tile by tile (squares, then the normalized values).
+NORM_TILE = 8192
 
 
 @functools.cache
@@ -57,23 +60,41 @@ def _kernels() -> tuple[Any, Any, Any]:
         hidden,
         eps,
         HAS_RESIDUAL: tl.constexpr,
-        WIDTH: tl.constexpr,
+        TILE: tl.constexpr,
     ):
         row = tl.program_id(0)
-        cols = tl.arange(0, WIDTH)
-        inside = cols < hidden
-        x = tl.load(x_ptr + row * stride_x + cols, mask=inside, other=0.0)
-        if HAS_RESIDUAL:
-            residual = tl.load(residual_ptr + row * stride_residual + cols, mask=inside, other=0.0)
-            # The sum rounded to the model dtype, as eager `x + residual` stores it.
-            x = (x.to(tl.float32) + residual.to(tl.float32)).to(total_ptr.dtype.element_ty)
-            tl.store(total_ptr + row * stride_total + cols, x, mask=inside)
-        x32 = x.to(tl.float32)
-        mean_square = tl.sum(x32 * x32, axis=0) / hidden
-        normed = (x32 * tl.rsqrt(mean_square + eps)).to(out_ptr.dtype.element_ty)
-        weight = tl.load(weight_ptr + cols, mask=inside, other=0.0)
-        out = weight.to(tl.float32) * normed.to(tl.float32)
-        tl.store(out_ptr + row * stride_out + cols, out.to(out_ptr.dtype.element_ty), mask=inside)
+        squares = tl.zeros([TILE], tl.float32)
+        for start in range(0, hidden, TILE):
+            cols = start + tl.arange(0, TILE)
+            inside = cols < hidden
+            x = tl.load(x_ptr + row * stride_x + cols, mask=inside, other=0.0)
+            if HAS_RESIDUAL:
+                residual = tl.load(
+                    residual_ptr + row * stride_residual + cols, mask=inside, other=0.0
+                )
+                # The sum rounded to the model dtype, as eager `x + residual` stores it.
+                x = (x.to(tl.float32) + residual.to(tl.float32)).to(total_ptr.dtype.element_ty)
+                tl.store(total_ptr + row * stride_total + cols, x, mask=inside)
+            x32 = x.to(tl.float32)
+            squares += x32 * x32
+        rstd = tl.rsqrt(tl.sum(squares, axis=0) / hidden + eps)
+        for start in range(0, hidden, TILE):
+            cols = start + tl.arange(0, TILE)
+            inside = cols < hidden
+            # The sum again from the inputs, not read back from `total` (another thread of this
+            # program may have stored it).
+            x = tl.load(x_ptr + row * stride_x + cols, mask=inside, other=0.0)
+            if HAS_RESIDUAL:
+                residual = tl.load(
+                    residual_ptr + row * stride_residual + cols, mask=inside, other=0.0
+                )
+                x = (x.to(tl.float32) + residual.to(tl.float32)).to(total_ptr.dtype.element_ty)
+            normed = (x.to(tl.float32) * rstd).to(out_ptr.dtype.element_ty)
+            weight = tl.load(weight_ptr + cols, mask=inside, other=0.0)
+            out = weight.to(tl.float32) * normed.to(tl.float32)
+            tl.store(
+                out_ptr + row * stride_out + cols, out.to(out_ptr.dtype.element_ty), mask=inside
+            )
 
     @triton.jit  # type: ignore[untyped-decorator]
     def silu_mul(  # type: ignore[no-untyped-def]
@@ -136,7 +157,7 @@ class TritonFusedElementwise:
     @staticmethod
     def applies_to(x: torch.Tensor) -> bool:
         # The interpreter (tests without a GPU) runs on CPU tensors.
-        return x.device.type == "cuda" or _interpreting()
+        return x.device.type == "cuda" or interpreting()
 
     def rms_norm(self, x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
         out, _ = self._norm(x, None, weight, eps)
@@ -164,12 +185,6 @@ class TritonFusedElementwise:
             residual = residual.contiguous()
         out = torch.empty((rows, hidden), dtype=x.dtype, device=x.device)
         total = None if residual is None else torch.empty_like(out)
-        if hidden > MAX_NORM_WIDTH:  # one tile per row no longer fits: eager torch
-            summed = x if residual is None else x + residual
-            x32 = summed.float()
-            x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + eps)
-            out.copy_(weight * x32.to(x.dtype))
-            return out, None if total is None else total.copy_(summed)
         if rows == 0:
             return out, total
         _kernels()[0][(rows,)](
@@ -185,7 +200,7 @@ class TritonFusedElementwise:
             hidden,
             eps,
             HAS_RESIDUAL=residual is not None,
-            WIDTH=_next_power_of_two(hidden),
+            TILE=min(NORM_TILE, next_power_of_two(hidden)),
         )
         return out, total
 
@@ -223,24 +238,17 @@ class TritonFusedElementwise:
                 x.stride(1),
                 cos_rows.stride(0),
                 heads,
-                HEADS_PAD=_next_power_of_two(heads),
+                HEADS_PAD=next_power_of_two(heads),
                 HEAD_DIM=head_dim,
             )
         return out
 
 
-def _interpreting() -> bool:
-    import os
-
-    return os.environ.get("TRITON_INTERPRET") == "1"
-
-
 @functools.cache
 def triton_fused_elementwise() -> TritonFusedElementwise | None:
     """The kernels where Triton can be imported; None (logged once) where it cannot."""
-    try:
-        import triton  # noqa: F401
-    except ImportError as error:
-        log.info("triton_fused_elementwise_unavailable", reason=str(error))
+    reason = triton_import_error()
+    if reason is not None:
+        log.info("triton_fused_elementwise_unavailable", reason=reason)
         return None
     return TritonFusedElementwise()

@@ -25,6 +25,8 @@ from typing import Any
 import structlog
 import torch
 
+from engine.model.kernels.triton_support import next_power_of_two, triton_import_error
+
 __all__ = ["TritonPagedDecode", "triton_paged_decode"]
 
 log = structlog.get_logger("mixgate.kernels")
@@ -33,10 +35,6 @@ log = structlog.get_logger("mixgate.kernels")
 TILE_TOKENS = 64
 # Query heads per program are padded to at least this (tl.dot's smallest M).
 MIN_GROUP_ROWS = 16
-
-
-def _next_power_of_two(value: int) -> int:
-    return 1 << max(0, value - 1).bit_length()
 
 
 @functools.cache
@@ -148,7 +146,7 @@ class TritonPagedDecode:
         q = q if q.stride(-1) == 1 else q.contiguous()
         out = torch.empty_like(q)
         group = heads // kv_heads
-        tile = max(TILE_TOKENS, _next_power_of_two(block_size))
+        tile = max(TILE_TOKENS, next_power_of_two(block_size))
         _kernel()[(rows, kv_heads)](
             q,
             k_cache,
@@ -166,7 +164,7 @@ class TritonPagedDecode:
             out.stride(0),
             out.stride(1),
             GROUP=group,
-            GROUP_PAD=max(MIN_GROUP_ROWS, _next_power_of_two(group)),
+            GROUP_PAD=max(MIN_GROUP_ROWS, next_power_of_two(group)),
             BLOCK_SIZE=block_size,
             TILE=tile,
             HEAD_DIM=head_dim,
@@ -177,9 +175,8 @@ class TritonPagedDecode:
 @functools.cache
 def triton_paged_decode() -> TritonPagedDecode | None:
     """The kernel where Triton can be imported; None (logged once) where it cannot."""
-    try:
-        import triton  # noqa: F401
-    except ImportError as error:
-        log.info("triton_paged_decode_unavailable", reason=str(error))
+    reason = triton_import_error()
+    if reason is not None:
+        log.info("triton_paged_decode_unavailable", reason=reason)
         return None
     return TritonPagedDecode()
