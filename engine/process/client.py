@@ -40,6 +40,7 @@ from engine.process.messages import (
     input_encoder,
     output_decoder,
 )
+from engine.process.omp_wait import engine_child_environment
 from engine.process.parent_death import die_with_parent_preexec
 from engine.process.request_streams import RequestStreams
 from engine.text.tokenizer import Tokenizer
@@ -124,6 +125,7 @@ class EngineCoreClient:
                 *("--input", input_addr, "--output", output_addr),
                 *("--parent-pid", str(os.getpid())),
             ],
+            env=engine_child_environment(os.environ),
             preexec_fn=die_with_parent_preexec(os.getpid()),
         )
         log.info("engine_core_started", pid=self._process.pid)

@@ -23,6 +23,7 @@ from engine.core.request import GenerationRequest, RequestOutput
 from engine.core.sampling_params import SamplingParams
 from engine.process.async_engine import AsyncEngine
 from engine.process.client import EngineCoreClient
+from engine.process.omp_wait import ENGINE_GOMP_SPINCOUNT
 from policies.request_class import RequestClass
 from tests.child_processes import alive, engine_child, wait_gone
 from tests.replica_cluster import (
@@ -108,6 +109,9 @@ async def test_validation_abort_and_a_dead_child(tiny_model_dir: Path) -> None:
 
         pid = client.pid
         assert pid is not None
+        # The child's OpenMP threads spin briefly, then sleep (engine/process/omp_wait.py).
+        environ = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+        assert f"GOMP_SPINCOUNT={ENGINE_GOMP_SPINCOUNT}".encode() in environ
         received = 0
         with pytest.raises(EngineDeadError):
             async for _ in client.generate(GenerationRequest("killed", tuple(b"abc"), LONG)):
