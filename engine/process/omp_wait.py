@@ -15,21 +15,27 @@ B=1/8/32 on `small`: 1.08/1.99/7.70 ms at 300,000, 1.19/2.05/7.51 ms at 10,000; 
 0.4-1 ms a step; OMP_WAIT_POLICY=PASSIVE, no spin at all, cost 1.8 ms a step) and gives the
 cores back within microseconds when a thread must wait: the same burst's worst chat TTFT was
 0.26-0.33 s. The variable is read when libgomp loads, so it is set for the child before it
-starts; an operator's own GOMP_SPINCOUNT or OMP_WAIT_POLICY is left as it is.
+starts; an operator's own GOMP_SPINCOUNT or OMP_WAIT_POLICY is left as it is. The vLLM
+backend gives its engine-core process the same setting (`engine.backends.vllm.backend`); the
+plain vLLM servers `bench compare` runs as baselines keep vLLM's own defaults.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
 
-__all__ = ["ENGINE_GOMP_SPINCOUNT", "engine_child_environment"]
+__all__ = ["ENGINE_GOMP_SPINCOUNT", "engine_child_environment", "omp_wait_settings"]
 
 ENGINE_GOMP_SPINCOUNT = 10_000
 
 
+def omp_wait_settings(parent: Mapping[str, str]) -> dict[str, str]:
+    """The variables to add to `parent` for an engine process: none when it chose its own."""
+    if "GOMP_SPINCOUNT" in parent or "OMP_WAIT_POLICY" in parent:
+        return {}
+    return {"GOMP_SPINCOUNT": str(ENGINE_GOMP_SPINCOUNT)}
+
+
 def engine_child_environment(parent: Mapping[str, str]) -> dict[str, str]:
     """The parent's environment with the engine's OpenMP spin count, unless already chosen."""
-    env = dict(parent)
-    if "GOMP_SPINCOUNT" not in env and "OMP_WAIT_POLICY" not in env:
-        env["GOMP_SPINCOUNT"] = str(ENGINE_GOMP_SPINCOUNT)
-    return env
+    return {**parent, **omp_wait_settings(parent)}

@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
-from engine.process.omp_wait import ENGINE_GOMP_SPINCOUNT, engine_child_environment
+from engine.process.omp_wait import (
+    ENGINE_GOMP_SPINCOUNT,
+    engine_child_environment,
+    omp_wait_settings,
+)
 
 
 def test_the_engine_child_spins_briefly_and_keeps_the_rest_of_the_environment() -> None:
@@ -14,6 +18,8 @@ def test_an_operators_own_openmp_wait_setting_is_kept() -> None:
     assert engine_child_environment({"GOMP_SPINCOUNT": "300000"})["GOMP_SPINCOUNT"] == "300000"
     passive = engine_child_environment({"OMP_WAIT_POLICY": "PASSIVE"})
     assert passive == {"OMP_WAIT_POLICY": "PASSIVE"}
+    assert omp_wait_settings({"GOMP_SPINCOUNT": "0"}) == {}
+    assert omp_wait_settings({}) == {"GOMP_SPINCOUNT": str(ENGINE_GOMP_SPINCOUNT)}
 
 
 def test_the_parents_mapping_is_not_changed() -> None:

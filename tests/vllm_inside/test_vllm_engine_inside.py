@@ -10,6 +10,7 @@ needs a head size of at least 32, and `tiny`'s is 16.
 from __future__ import annotations
 
 import asyncio
+import os
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -25,6 +26,7 @@ from engine.core.llm_engine import LLMEngine  # noqa: E402
 from engine.core.request import GenerationRequest, RequestOutput  # noqa: E402
 from engine.core.sampling_params import SamplingParams  # noqa: E402
 from engine.model.make_model import make_model  # noqa: E402
+from engine.process.omp_wait import ENGINE_GOMP_SPINCOUNT  # noqa: E402
 from policies.request_class import RequestClass  # noqa: E402
 
 pytestmark = [
@@ -150,6 +152,29 @@ async def test_bulk_prefill_is_not_capped_with_no_interactive_request(
     # Work-conserving: with nobody to protect, the three prompts share the step budget
     # (vLLM's per-request chunk of 16 each), as plain vLLM runs them.
     assert max(prefill) > BULK_CHUNK_TOKENS
+
+
+def _child_environments() -> list[list[bytes]]:
+    """The environments of this process's children (vLLM's engine core among them)."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+            # The parent pid is the 2nd field after the parenthesized command name.
+            if int(stat.rsplit(")", 1)[1].split()[1]) == os.getpid():
+                found.append((entry / "environ").read_bytes().split(b"\0"))
+        except (OSError, ValueError, IndexError):
+            continue
+    return found
+
+
+async def test_the_engine_core_process_spins_as_briefly_as_the_native_one(
+    engine: VllmAsyncEngine,
+) -> None:
+    setting = f"GOMP_SPINCOUNT={ENGINE_GOMP_SPINCOUNT}".encode()
+    assert any(setting in environ for environ in _child_environments())
 
 
 async def test_abort_frees_the_request_in_vllm(engine: VllmAsyncEngine) -> None:

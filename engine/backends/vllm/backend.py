@@ -37,6 +37,7 @@ from engine.core.request import GenerationRequest, RequestMetrics, RequestOutput
 from engine.core.request_limits import check_request_limits
 from engine.core.step_record import LoadSnapshot
 from engine.model.config import ModelConfig
+from engine.process.omp_wait import omp_wait_settings
 from engine.text.detokenizer import IncrementalDetokenizer
 from engine.text.tokenizer import Tokenizer
 from policies.request_class import RequestClass
@@ -120,6 +121,9 @@ class VllmAsyncEngine:
             raise RuntimeError("the engine is already started")
         cache_dir = Path(os.environ.get("MIXGATE_VLLM_CACHE_DIR") or tempfile.gettempdir())
         os.environ.update(vllm_environment(self.config.num_threads, cache_dir / "mixgate-vllm"))
+        # vLLM's engine-core process inherits this environment: its OpenMP threads spin as
+        # briefly as the native engine's (engine/process/omp_wait.py).
+        os.environ.update(omp_wait_settings(os.environ))
         kwargs = engine_kwargs(self.model_dir, self.config, self.engine.max_model_len)
         self._llm = await asyncio.to_thread(self._build, kwargs)
 
