@@ -66,6 +66,7 @@ def _measured(summary: dict[str, Any]) -> dict[str, dict[str, float | None]]:
                 "expiry_rate",
                 "ok_rate",
                 "output_tokens_per_s",
+                "output_tokens_per_busy_s",
             )
         }
         # Every percentile the summary has, under SloTarget.measured_key's names.
