@@ -8,10 +8,11 @@ A sweep runs the same workload at several offered loads under several knob setti
    reasons a point fails (a report shows them);
 2. per knob setting, finds the largest load it sustains: the largest load such that the point
    at that load *and every lower load measured for that setting* meet the SLO;
-3. picks the setting that sustains the largest load. Ties on load go to the setting that
-   drains bulk work fastest (bulk output tokens per second of its busy span) among those whose
-   latency stays within the headroom (the tightest target's measured / bound at most
-   ``1 - headroom``); then to the most room left under the SLO, then to more output tokens/s;
+3. picks the setting that sustains the largest load. Ties on load go to the settings that
+   drain bulk work fastest (bulk output tokens per second of its busy span, within
+   ``DRAIN_TIE_FRACTION`` of the fastest) among those whose latency stays within the headroom
+   (the tightest target's measured / bound at most ``1 - headroom``); of those, to the most
+   room left under the SLO, then to more output tokens/s;
 4. keeps ``headroom`` of it in reserve: the admitted load is ``(1 - headroom) ×`` the sustained
    load, enforced by scaling the base envelope's queue limits by ``1 - headroom`` and stated
    (with ``max_sustainable_load``) in the provenance notes.
@@ -33,6 +34,7 @@ from policies.envelope import Envelope, Provenance
 
 __all__ = [
     "BULK_DRAIN_METRIC",
+    "DRAIN_TIE_FRACTION",
     "COMPLETION_METRIC",
     "LATENCY_METRICS",
     "Derivation",
@@ -53,6 +55,9 @@ COMPLETION_METRIC: Final = "completion_within_deadline"
 # What a tie on load is broken by: bulk output tokens over the bulk class's busy span (first
 # send to last end; bench/report/summary.py), the rate a backlog drains at.
 BULK_DRAIN_METRIC: Final = "output_tokens_per_busy_s"
+# Drains this close to the fastest count as equal (one run per point; the same run here spread
+# by 20-40% between repeats).
+DRAIN_TIE_FRACTION: Final = 0.1
 _CLASSES: Final = ("interactive", "bulk")
 
 
@@ -240,13 +245,40 @@ def slo_fraction_used(point: SweepPoint, targets: Sequence[SloTarget]) -> float:
     return max(fractions, default=0.0)
 
 
-def _drain_within_headroom(
-    point: SweepPoint, targets: Sequence[SloTarget], headroom: float
-) -> tuple[bool, float]:
-    """(latency within the headroom, bulk output tokens per busy second there, else 0)."""
-    within = slo_fraction_used(point, targets) <= 1 - headroom
-    drain = point.value("bulk", BULK_DRAIN_METRIC) if within else None
-    return within, drain or 0.0
+def _choose(
+    candidates: Sequence[int],
+    points: Sequence[SweepPoint],
+    targets: Sequence[SloTarget],
+    headroom: float,
+) -> int:
+    """Of each knob setting's best point, the index to build the envelope from.
+
+    The largest sustained load first. Ties on load: among the points whose latency keeps the
+    headroom (the tightest target at most ``1 - headroom`` of its bound), those that drain bulk
+    work within ``DRAIN_TIE_FRACTION`` of the fastest (the SLO is the promise; past it, bulk
+    throughput is what the machine is for, and a sweep's one run per point cannot tell closer
+    drains apart); of those, the most room under the SLO, then tokens/s over the run (alone it
+    picked by noise: at a load every tied point serves in full), then the earlier point.
+    """
+    top_load = max(points[i].offered_load for i in candidates)
+    tied = [i for i in candidates if points[i].offered_load == top_load]
+    within = [i for i in tied if slo_fraction_used(points[i], targets) <= 1 - headroom]
+    drains = {i: points[i].value("bulk", BULK_DRAIN_METRIC) for i in within}
+    fastest = max((d for d in drains.values() if d is not None), default=None)
+    if fastest is not None:
+        tied = [
+            i
+            for i, d in drains.items()
+            if d is not None and d >= (1 - DRAIN_TIE_FRACTION) * fastest
+        ]
+    return max(
+        tied,
+        key=lambda i: (
+            -slo_fraction_used(points[i], targets),
+            points[i].total_output_tokens_per_s(),
+            -i,
+        ),
+    )
 
 
 def check_point(point: SweepPoint, slo: Slo, targets: Sequence[SloTarget]) -> tuple[str, ...]:
@@ -376,24 +408,7 @@ def derive_envelope(
     if len(failures) == len(points):
         raise ValueError(f"no sweep point meets the SLO; {_closest_miss(points, failures)}")
     best, extra = _sustained(points, failures)
-    chosen = points[
-        max(
-            best.values(),
-            # Ties on load: the fastest bulk drain among the settings whose latency keeps the
-            # headroom (the SLO is the promise; past it, bulk throughput is what the machine is
-            # for: the most room alone chose a 128-token bulk chunk whose chat ITL used 36% of
-            # its bound while 256 drained bulk 6-20% faster at 49%); then the most room, then
-            # tokens/s over the run (alone it picked by noise: at a load every tied point serves
-            # in full, tokens/s is the offered load), then the earlier point (reproducible).
-            key=lambda i: (
-                points[i].offered_load,
-                *_drain_within_headroom(points[i], targets, headroom),
-                -slo_fraction_used(points[i], targets),
-                points[i].total_output_tokens_per_s(),
-                -i,
-            ),
-        )
-    ]
+    chosen = points[_choose(list(best.values()), points, targets, headroom)]
     rejected = tuple(
         (point, failures.get(i) or extra[i])
         for i, point in enumerate(points)

@@ -158,6 +158,19 @@ def test_ties_on_load_go_to_the_fastest_bulk_drain_that_keeps_the_headroom() -> 
     ]
     derivation = derive_envelope(tied, _slo(), Envelope.default(), 0.2, "mixed", CREATED_AT)
     assert derivation.chosen.knobs == MEDIUM
+    # Drains within DRAIN_TIE_FRACTION of the fastest are equal: then the most room decides.
+    close = [
+        replace(
+            tied[0],
+            measured={
+                **tied[0].measured,
+                "bulk": {**tied[0].measured["bulk"], "output_tokens_per_busy_s": 800.0},
+            },
+        ),
+        *tied[1:],
+    ]
+    derivation = derive_envelope(close, _slo(), Envelope.default(), 0.2, "mixed", CREATED_AT)
+    assert derivation.chosen.knobs == SMALL
     # With no point inside the headroom, the most room wins as before.
     tight = [
         replace(
