@@ -8,11 +8,9 @@ A sweep runs the same workload at several offered loads under several knob setti
    reasons a point fails (a report shows them);
 2. per knob setting, finds the largest load it sustains: the largest load such that the point
    at that load *and every lower load measured for that setting* meet the SLO;
-3. picks the setting that sustains the largest load. Ties on load go to the settings that
-   drain bulk work fastest (bulk output tokens per second of its busy span, within
-   ``DRAIN_TIE_FRACTION`` of the fastest) among those whose latency stays within the headroom
-   (the tightest target's measured / bound at most ``1 - headroom``); of those, to the most
-   room left under the SLO, then to more output tokens/s;
+3. picks the setting that sustains the largest load; ties on load are broken by
+   ``planning/envelope_tie_break.py`` (the fastest bulk drains that keep the headroom, then the
+   most room);
 4. keeps ``headroom`` of it in reserve: the admitted load is ``(1 - headroom) ×`` the sustained
    load, enforced by scaling the base envelope's queue limits by ``1 - headroom`` and stated
    (with ``max_sustainable_load``) in the provenance notes.
@@ -29,12 +27,11 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Final
 
+from planning.envelope_tie_break import BULK_DRAIN_METRIC, TiedPoint, break_tie
 from policies.admission import LengthLimits
 from policies.envelope import Envelope, Provenance
 
 __all__ = [
-    "BULK_DRAIN_METRIC",
-    "DRAIN_TIE_FRACTION",
     "COMPLETION_METRIC",
     "LATENCY_METRICS",
     "Derivation",
@@ -52,12 +49,6 @@ LATENCY_METRICS: Final = ("ttft_s", "itl_s", "e2e_s", "queue_delay_s")
 # The fraction of a class's requests that finished OK (so within their deadline: one that
 # missed it is "expired"), bounded with ``min``. Measured as ``ok_rate``.
 COMPLETION_METRIC: Final = "completion_within_deadline"
-# What a tie on load is broken by: bulk output tokens over the bulk class's busy span (first
-# send to last end; bench/report/summary.py), the rate a backlog drains at.
-BULK_DRAIN_METRIC: Final = "output_tokens_per_busy_s"
-# Drains this close to the fastest count as equal (one run per point; the same run here spread
-# by 20-40% between repeats).
-DRAIN_TIE_FRACTION: Final = 0.1
 _CLASSES: Final = ("interactive", "bulk")
 
 
@@ -245,42 +236,6 @@ def slo_fraction_used(point: SweepPoint, targets: Sequence[SloTarget]) -> float:
     return max(fractions, default=0.0)
 
 
-def _choose(
-    candidates: Sequence[int],
-    points: Sequence[SweepPoint],
-    targets: Sequence[SloTarget],
-    headroom: float,
-) -> int:
-    """Of each knob setting's best point, the index to build the envelope from.
-
-    The largest sustained load first. Ties on load: among the points whose latency keeps the
-    headroom (the tightest target at most ``1 - headroom`` of its bound), those that drain bulk
-    work within ``DRAIN_TIE_FRACTION`` of the fastest (the SLO is the promise; past it, bulk
-    throughput is what the machine is for, and a sweep's one run per point cannot tell closer
-    drains apart); of those, the most room under the SLO, then tokens/s over the run (alone it
-    picked by noise: at a load every tied point serves in full), then the earlier point.
-    """
-    top_load = max(points[i].offered_load for i in candidates)
-    tied = [i for i in candidates if points[i].offered_load == top_load]
-    within = [i for i in tied if slo_fraction_used(points[i], targets) <= 1 - headroom]
-    drains = {i: points[i].value("bulk", BULK_DRAIN_METRIC) for i in within}
-    fastest = max((d for d in drains.values() if d is not None), default=None)
-    if fastest is not None:
-        tied = [
-            i
-            for i, d in drains.items()
-            if d is not None and d >= (1 - DRAIN_TIE_FRACTION) * fastest
-        ]
-    return max(
-        tied,
-        key=lambda i: (
-            -slo_fraction_used(points[i], targets),
-            points[i].total_output_tokens_per_s(),
-            -i,
-        ),
-    )
-
-
 def check_point(point: SweepPoint, slo: Slo, targets: Sequence[SloTarget]) -> tuple[str, ...]:
     """Every reason ``point`` misses ``targets`` or the rejection bound (empty: it meets all)."""
     reasons: list[str] = []
@@ -408,7 +363,18 @@ def derive_envelope(
     if len(failures) == len(points):
         raise ValueError(f"no sweep point meets the SLO; {_closest_miss(points, failures)}")
     best, extra = _sustained(points, failures)
-    chosen = points[_choose(list(best.values()), points, targets, headroom)]
+    top_load = max(points[i].offered_load for i in best.values())
+    tied = [
+        TiedPoint(
+            index=i,
+            slo_fraction_used=slo_fraction_used(points[i], targets),
+            bulk_drain_tokens_per_s=points[i].value("bulk", BULK_DRAIN_METRIC),
+            output_tokens_per_s=points[i].total_output_tokens_per_s(),
+        )
+        for i in best.values()
+        if points[i].offered_load == top_load
+    ]
+    chosen = points[break_tie(tied, headroom)]
     rejected = tuple(
         (point, failures.get(i) or extra[i])
         for i, point in enumerate(points)

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import argparse
 import json
-from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -64,7 +63,6 @@ def _point(
     rejected: float = 0.0,
     bulk_ok: float = 1.0,
     bulk_tps: float = 100.0,
-    bulk_drain: float | None = None,
 ) -> SweepPoint:
     return SweepPoint(
         offered_load=load,
@@ -77,12 +75,7 @@ def _point(
                 "ok_rate": 1.0,
                 "output_tokens_per_s": 50.0,
             },
-            "bulk": {
-                "rejection_rate": 0.0,
-                "ok_rate": bulk_ok,
-                "output_tokens_per_s": bulk_tps,
-                "output_tokens_per_busy_s": bulk_drain,
-            },
+            "bulk": {"rejection_rate": 0.0, "ok_rate": bulk_ok, "output_tokens_per_s": bulk_tps},
         },
     )
 
@@ -146,44 +139,6 @@ def test_ties_on_load_go_to_the_most_room_under_the_slo() -> None:
     more_load = [*tied, _point(3.0, LARGE, ttft=0.45)]
     derivation = derive_envelope(more_load, _slo(), Envelope.default(), 0.2, "mixed", CREATED_AT)
     assert derivation.chosen.knobs == LARGE
-
-
-def test_ties_on_load_go_to_the_fastest_bulk_drain_that_keeps_the_headroom() -> None:
-    # Headroom 0.2: a latency at most 0.8 of its bound keeps it (ITL 0.05 of 0.1 is 0.5).
-    tied = [
-        _point(2.0, SMALL, ttft=0.1, bulk_drain=700.0),
-        _point(2.0, MEDIUM, ttft=0.35, bulk_drain=850.0),
-        # The fastest drain, but TTFT at 0.9 of its bound eats into the headroom.
-        _point(2.0, LARGE, ttft=0.45, bulk_drain=990.0),
-    ]
-    derivation = derive_envelope(tied, _slo(), Envelope.default(), 0.2, "mixed", CREATED_AT)
-    assert derivation.chosen.knobs == MEDIUM
-    # Drains within DRAIN_TIE_FRACTION of the fastest are equal: then the most room decides.
-    close = [
-        replace(
-            tied[0],
-            measured={
-                **tied[0].measured,
-                "bulk": {**tied[0].measured["bulk"], "output_tokens_per_busy_s": 800.0},
-            },
-        ),
-        *tied[1:],
-    ]
-    derivation = derive_envelope(close, _slo(), Envelope.default(), 0.2, "mixed", CREATED_AT)
-    assert derivation.chosen.knobs == SMALL
-    # With no point inside the headroom, the most room wins as before.
-    tight = [
-        replace(
-            p,
-            measured={
-                **p.measured,
-                "interactive": {**p.measured["interactive"], "itl_p99_s": 0.095},
-            },
-        )
-        for p in tied
-    ]
-    derivation = derive_envelope(tight, _slo(), Envelope.default(), 0.2, "mixed", CREATED_AT)
-    assert derivation.chosen.knobs == SMALL
 
 
 def test_rejected_points_carry_their_reasons() -> None:
