@@ -3,7 +3,8 @@
 Each step fills `step_token_budget` with at most `max_active_seqs` running bulk sequences, and
 interactive ones beside them up to `max_running_seqs` (the overcommit): interactive decodes,
 bulk decodes, interactive prefill chunks (oldest first), then bulk prefill chunks capped per
-step (see policies/step_budget.py for the split). When KV blocks run out a sequence is
+step (see policies/step_budget.py for the split; the cap stays on for a while after the last
+interactive sequence, policies/interactive_presence.py). When KV blocks run out a sequence is
 preempted by recompute: bulk first, youngest first; an interactive sequence is never preempted
 to make room for bulk.
 """
@@ -19,6 +20,7 @@ from engine.core.block_manager import BlockManager
 from engine.core.config import EngineConfig
 from engine.core.scheduler_output import Preemption, ScheduledChunk, SchedulerOutput
 from engine.core.sequence import Sequence, SequenceStatus
+from policies.interactive_presence import InteractivePresence
 from policies.request_class import RequestClass
 from policies.scheduling_policy import SchedulingPolicy
 from policies.step_budget import bulk_prefill_cap_after_interactive, plan_step_budget
@@ -65,6 +67,7 @@ class Scheduler:
         self._next_admit_order = 0
         self._step_index = 0
         self.policy = SchedulingPolicy(config.scheduling_policy)
+        self._interactive_presence = InteractivePresence(config.interactive_linger_s)
 
     def queue_of(self, seq: Sequence) -> RequestClass:
         """The class the scheduler treats a sequence as: its own, or one for all under fcfs."""
@@ -142,9 +145,11 @@ class Scheduler:
                 else self.config.step_token_budget
             ),
             bulk_min_share=self.config.bulk_min_share,
-            # Counted by the sequences' own class: without classes (fcfs) the cap is off anyway.
-            interactive_present=bool(self.waiting[INTERACTIVE])
-            or self._running_count[INTERACTIVE] > 0,
+            # Counted by the sequences' own class: without classes (fcfs) the cap is off anyway;
+            # kept on for a while after the last interactive sequence (a gap between chats).
+            interactive_present=self._interactive_presence.observe(
+                bool(self.waiting[INTERACTIVE]) or self._running_count[INTERACTIVE] > 0, now_s
+            ),
         )
         interactive_decode_tokens = self._tokens(state, INTERACTIVE)
         self._schedule_prefills(

@@ -350,3 +350,24 @@ def test_a_step_with_an_interactive_prefill_carries_no_bulk_prefill_unless_bulk_
     assert step.tokens_by_kind[(INTERACTIVE, "prefill")] == 20
     # the guarantee (0.25 x 64) stands beside the chat
     assert step.tokens_by_kind[(BULK, "prefill")] == 16
+
+
+def test_the_bulk_cap_lingers_after_the_last_chat_then_lifts() -> None:
+    """A chat arriving between chats should wait for a capped step, not a full-budget one; bulk
+    alone gets its full steps back once no chat has been seen for interactive_linger_s."""
+    config = EngineConfig(
+        max_active_seqs=8,
+        step_token_budget=64,
+        bulk_prefill_chunk_tokens=16,
+        block_size_tokens=4,
+        bulk_aging_s=100.0,
+        interactive_linger_s=1.0,
+    )
+    h = Harness(config, num_blocks=400, seed=4)
+    h.add(BULK, 400, 4)
+    h.add(INTERACTIVE, 8, 2)
+    while h.scheduler.num_running(INTERACTIVE) or h.scheduler.num_waiting(INTERACTIVE):
+        h.step()  # the chat runs to its end
+    assert h.step().tokens_by_kind[(BULK, "prefill")] == 16  # no chat now, but one just left
+    h.now_s += config.interactive_linger_s
+    assert h.step().tokens_by_kind[(BULK, "prefill")] == 64  # the linger is over

@@ -62,6 +62,13 @@ def test_bulk_prefill_takes_the_whole_budget_with_no_interactive_request_in_the_
     assert len(plan.held_back) == 2
 
 
+def test_a_lingering_chat_keeps_the_bulk_cap_on_with_none_in_the_engine() -> None:
+    running = [item(k, BULK, 600) for k in range(10)]
+    plan = compose_step(running, [], KNOBS, interactive_lingering=True)
+    assert plan.bulk_prefill_tokens == KNOBS.bulk_prefill_chunk_tokens
+    assert plan.token_budget == KNOBS.bulk_prefill_chunk_tokens
+
+
 @pytest.mark.parametrize("waiting_bulk", [0, 1, 50, 400])
 def test_a_chat_arriving_behind_many_bulk_requests_is_prefilled_in_the_next_step(
     waiting_bulk: int,
@@ -134,6 +141,9 @@ def test_the_envelope_maps_onto_vllm_arguments(policy: str, tmp_path: object) ->
     assert kwargs["kv_cache_memory_bytes"] == 1 << 24
     assert kwargs["scheduling_policy"] == ("fcfs" if policy == "fcfs" else "priority")
     assert ("scheduler_cls" in kwargs) is (policy == "mixgate")
+    if policy == "mixgate":
+        knobs = kwargs["additional_config"]["mixgate"]
+        assert knobs["interactive_linger_s"] == config.interactive_linger_s
 
 
 def test_waiting_chats_raise_the_admission_cap_and_bulk_never_does() -> None:

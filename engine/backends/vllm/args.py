@@ -114,6 +114,7 @@ def engine_kwargs(model_dir: Path, config: EngineConfig, max_model_len: int) -> 
                 "bulk_prefill_chunk_tokens": config.bulk_prefill_chunk_tokens,
                 "bulk_min_share": config.bulk_min_share,
                 "bulk_aging_s": config.bulk_aging_s,
+                "interactive_linger_s": config.interactive_linger_s,
             }
         }
     return kwargs

@@ -22,7 +22,14 @@ from typing import Any
 
 from vllm.v1.core.sched.scheduler import Scheduler
 
-from engine.backends.vllm.step_plan import StepKnobs, WorkItem, admission_limit, compose_step
+from engine.backends.vllm.step_plan import (
+    StepKnobs,
+    WorkItem,
+    admission_limit,
+    compose_step,
+    interactive_in_engine,
+)
+from policies.interactive_presence import InteractivePresence
 from policies.request_class import RequestClass
 
 __all__ = ["ClassAwareScheduler", "knobs_from_config"]
@@ -41,6 +48,7 @@ def knobs_from_config(additional_config: Any) -> StepKnobs:
         bulk_prefill_chunk_tokens=int(mixgate["bulk_prefill_chunk_tokens"]),
         bulk_min_share=float(mixgate["bulk_min_share"]),
         bulk_aging_s=float(mixgate["bulk_aging_s"]),
+        interactive_linger_s=float(mixgate.get("interactive_linger_s", 2.0)),
     )
 
 
@@ -73,13 +81,20 @@ class ClassAwareScheduler(Scheduler):  # type: ignore[misc]
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.mixgate_knobs = knobs_from_config(self.vllm_config.additional_config)
+        self.mixgate_presence = InteractivePresence(self.mixgate_knobs.interactive_linger_s)
 
     def schedule(self, *args: Any, **kwargs: Any) -> Any:
         now_s = time.time()
         running = list(self.running)
         items = [_work_item(i, r, now_s) for i, r in enumerate(running)]
         waiting = [_work_item(len(running) + i, r, now_s) for i, r in enumerate(self.waiting)]
-        plan = compose_step(items, waiting, self.mixgate_knobs)
+        present = interactive_in_engine(items, waiting)
+        plan = compose_step(
+            items,
+            waiting,
+            self.mixgate_knobs,
+            interactive_lingering=self.mixgate_presence.observe(present, now_s) and not present,
+        )
         held = [running[i] for i in sorted(plan.held_back)]
         saved = (self.max_num_scheduled_tokens, self.max_num_running_reqs, self.max_num_active_reqs)
         # NOTE: requests set aside still hold their slots; vLLM counts slots as len(running),

@@ -12,9 +12,9 @@ prefill tokens per step". What it can be told, per step, without touching its in
 
 This module turns a view of the queues into those three, with `policies.step_budget`'s split:
 bulk prefill only from what interactive work left and at most the bulk chunk cap, except that
-aged bulk work is guaranteed its minimum share; with no interactive request in the engine,
-bulk prefill takes the whole budget (work-conserving, as plain vLLM). Pure: no vLLM, no clock
-(ages are passed in).
+aged bulk work is guaranteed its minimum share; with no interactive request in the engine
+(nor one recently: the caller's `policies.interactive_presence`), bulk prefill takes the whole
+budget (work-conserving, as plain vLLM). Pure: no vLLM, no clock (ages are passed in).
 """
 
 from __future__ import annotations
@@ -24,7 +24,14 @@ from dataclasses import dataclass
 from policies.request_class import RequestClass
 from policies.step_budget import plan_step_budget
 
-__all__ = ["StepComposition", "StepKnobs", "WorkItem", "admission_limit", "compose_step"]
+__all__ = [
+    "StepComposition",
+    "StepKnobs",
+    "WorkItem",
+    "admission_limit",
+    "compose_step",
+    "interactive_in_engine",
+]
 
 
 @dataclass(frozen=True, slots=True)
@@ -51,6 +58,8 @@ class StepKnobs:
     bulk_prefill_chunk_tokens: int
     bulk_min_share: float
     bulk_aging_s: float
+    # How long the bulk cap stays on after the last interactive request (EngineConfig's).
+    interactive_linger_s: float = 2.0
 
     def __post_init__(self) -> None:
         if self.step_token_budget < 1 or self.prefill_chunk_tokens < 1:
@@ -88,10 +97,21 @@ def _admit_within(items: list[WorkItem], allowance: int, knobs: StepKnobs) -> li
     return taken
 
 
+def interactive_in_engine(running: list[WorkItem], waiting: list[WorkItem]) -> bool:
+    return any(r.request_class is RequestClass.INTERACTIVE for r in running + waiting)
+
+
 def compose_step(
-    running: list[WorkItem], waiting: list[WorkItem], knobs: StepKnobs
+    running: list[WorkItem],
+    waiting: list[WorkItem],
+    knobs: StepKnobs,
+    *,
+    interactive_lingering: bool = False,
 ) -> StepComposition:
-    """Order, hold back and budget one step (see the module docstring)."""
+    """Order, hold back and budget one step (see the module docstring).
+
+    `interactive_lingering`: interactive work left the engine less than the linger ago, so the
+    bulk cap stays on as if it were present."""
     inter, bulk = RequestClass.INTERACTIVE, RequestClass.BULK
     decodes = {
         c: [r for r in running if r.request_class is c and r.is_decode] for c in (inter, bulk)
@@ -103,7 +123,7 @@ def compose_step(
     decode_tokens = len(decodes[inter]) + len(decodes[bulk])
     demand = {c: sum(_chunk(r, knobs) for r in prefills[c] + waiting_by[c]) for c in (inter, bulk)}
     bulk_aged = any(r.age_s >= knobs.bulk_aging_s for r in prefills[bulk] + waiting_by[bulk])
-    interactive_present = bool(decodes[inter] or prefills[inter] or waiting_by[inter])
+    interactive_present = interactive_lingering or interactive_in_engine(running, waiting)
     plan = plan_step_budget(
         step_token_budget=knobs.step_token_budget,
         interactive_decode_tokens=len(decodes[inter]),
