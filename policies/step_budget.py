@@ -5,8 +5,8 @@ Order of claim on the budget (docs/ARCHITECTURE.md, "Scheduling model"):
 sequences, 3. interactive prefill chunks, 4. bulk prefill chunks, at most
 `bulk_prefill_chunk_tokens` and only from what is left, except that bulk work that has
 waited past its aging threshold is guaranteed `bulk_min_share` of the budget. With no
-interactive sequence in the engine (running or waiting) the cap is off: bulk prefill takes
-what the decodes leave.
+interactive work present (`interactive_present=False`: what counts as present is the caller's,
+policies/interactive_presence.py) the cap is off: bulk prefill takes what the decodes leave.
 
 A step that runs an interactive prefill carries no bulk prefill beyond that guarantee
 (`bulk_prefill_cap_after_interactive`): the chat's first token waits on exactly that step, and

@@ -24,10 +24,11 @@ class EngineConfig:
     # Once bulk work has waited bulk_aging_s since arrival, it is guaranteed this share.
     bulk_min_share: float = 0.2
     bulk_aging_s: float = 5.0
-    # The bulk prefill cap stays on this long after interactive work was last in the engine,
-    # so that a chat arriving between chats waits for a capped step, not a full-budget one
-    # (policies/interactive_presence.py); 0: on only while interactive work is present.
-    interactive_linger_s: float = 2.0
+    # How long after interactive work was last in the engine the bulk prefill cap lifts (bulk
+    # alone then runs full-budget steps); None: it never lifts, so a chat arriving into a lull
+    # waits for a capped step, not a full-budget one. Lifting no longer pays on the native
+    # engine (policies/interactive_presence.py has the numbers); 0: lift as soon as none is in.
+    interactive_linger_s: float | None = None
     # KV cache geometry: tokens per block, and blocks (None: sized from kv_cache_bytes).
     block_size_tokens: int = 16
     num_kv_blocks: int | None = None
@@ -100,7 +101,7 @@ class EngineConfig:
             raise ValueError("bulk_min_share must be in [0, 1)")
         if self.bulk_aging_s < 0:
             raise ValueError("bulk_aging_s must be non-negative")
-        if self.interactive_linger_s < 0:
+        if self.interactive_linger_s is not None and self.interactive_linger_s < 0:
             raise ValueError("interactive_linger_s must be non-negative")
         if self.scheduling_policy not in {p.value for p in SchedulingPolicy}:
             raise ValueError(f"unknown scheduling_policy {self.scheduling_policy!r}")

@@ -3,8 +3,8 @@
 Each step fills `step_token_budget` with at most `max_active_seqs` running bulk sequences, and
 interactive ones beside them up to `max_running_seqs` (the overcommit): interactive decodes,
 bulk decodes, interactive prefill chunks (oldest first), then bulk prefill chunks capped per
-step (see policies/step_budget.py for the split; the cap stays on for a while after the last
-interactive sequence, policies/interactive_presence.py). When KV blocks run out a sequence is
+step (see policies/step_budget.py for the split; whether the cap holds with no interactive
+sequence in: policies/interactive_presence.py). When KV blocks run out a sequence is
 preempted by recompute: bulk first, youngest first; an interactive sequence is never preempted
 to make room for bulk.
 """
@@ -146,7 +146,7 @@ class Scheduler:
             ),
             bulk_min_share=self.config.bulk_min_share,
             # Counted by the sequences' own class: without classes (fcfs) the cap is off anyway;
-            # kept on for a while after the last interactive sequence (a gap between chats).
+            # with none in, held or lifted as interactive_linger_s says.
             interactive_present=self._interactive_presence.observe(
                 bool(self.waiting[INTERACTIVE]) or self._running_count[INTERACTIVE] > 0, now_s
             ),

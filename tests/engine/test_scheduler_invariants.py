@@ -208,13 +208,14 @@ def test_fcfs_serves_in_arrival_order_whatever_the_class() -> None:
 
 
 def test_mixgate_caps_bulk_prefill_beside_a_chat_where_priority_does_not() -> None:
-    def bulk_prefill_tokens(policy: str, *, with_chat: bool) -> int:
+    def bulk_prefill_tokens(policy: str, *, with_chat: bool, linger_s: float | None = None) -> int:
         config = EngineConfig(
             max_active_seqs=4,
             step_token_budget=32,
             bulk_prefill_chunk_tokens=4,
             block_size_tokens=4,
             scheduling_policy=policy,
+            interactive_linger_s=linger_s,
         )
         h = Harness(config, num_blocks=100, seed=2)
         if with_chat:
@@ -225,8 +226,10 @@ def test_mixgate_caps_bulk_prefill_beside_a_chat_where_priority_does_not() -> No
 
     assert bulk_prefill_tokens("mixgate", with_chat=True) == 4
     assert bulk_prefill_tokens("priority", with_chat=True) == 31  # all the decode leaves
-    # With no interactive sequence in the engine there is nobody to protect: no cap.
-    assert bulk_prefill_tokens("mixgate", with_chat=False) == 32
+    # By default the cap holds with no chat in the engine too: the next chat to arrive waits
+    # for a capped step. With a linger set, bulk alone takes the whole budget.
+    assert bulk_prefill_tokens("mixgate", with_chat=False) == 4
+    assert bulk_prefill_tokens("mixgate", with_chat=False, linger_s=0.0) == 32
     assert bulk_prefill_tokens("priority", with_chat=False) == 32
 
 
@@ -335,10 +338,11 @@ def test_a_step_with_an_interactive_prefill_carries_no_bulk_prefill_unless_bulk_
         block_size_tokens=4,
         bulk_aging_s=1.0,
         bulk_min_share=0.25,
+        interactive_linger_s=0.0,
     )
     h = Harness(config, num_blocks=400, seed=3)
     h.add(BULK, 200, 4)
-    assert h.step().tokens_for(BULK) == 64  # alone, bulk prefill takes the whole budget
+    assert h.step().tokens_for(BULK) == 64  # alone (the cap lifts), bulk takes the whole budget
     h.add(INTERACTIVE, 20, 4)
     step = h.step()
     assert step.tokens_for(INTERACTIVE) == 20 and step.tokens_for(BULK) == 0

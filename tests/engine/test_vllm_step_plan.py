@@ -5,7 +5,13 @@ from __future__ import annotations
 import pytest
 
 from engine.backends.vllm.args import engine_kwargs
-from engine.backends.vllm.step_plan import StepKnobs, WorkItem, admission_limit, compose_step
+from engine.backends.vllm.step_plan import (
+    StepKnobs,
+    WorkItem,
+    admission_limit,
+    compose_step,
+    knobs_from_config,
+)
 from engine.core.config import EngineConfig
 from policies.request_class import RequestClass
 
@@ -144,6 +150,9 @@ def test_the_envelope_maps_onto_vllm_arguments(policy: str, tmp_path: object) ->
     if policy == "mixgate":
         knobs = kwargs["additional_config"]["mixgate"]
         assert knobs["interactive_linger_s"] == config.interactive_linger_s
+        assert knobs_from_config({"mixgate": knobs}).interactive_linger_s is None
+        lifting = {**knobs, "interactive_linger_s": 2}
+        assert knobs_from_config({"mixgate": lifting}).interactive_linger_s == 2.0
 
 
 def test_waiting_chats_raise_the_admission_cap_and_bulk_never_does() -> None:

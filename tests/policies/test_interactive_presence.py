@@ -23,6 +23,13 @@ def test_lingers_for_linger_s_after_the_last_sighting_then_lifts() -> None:
     assert presence.observe(False, 21.5)
 
 
+def test_no_linger_means_the_cap_never_lifts() -> None:
+    presence = InteractivePresence(linger_s=None)
+    assert presence.observe(False, 0.0)
+    presence.observe(True, 1.0)
+    assert presence.observe(False, 1e9)
+
+
 def test_zero_linger_is_presence_only() -> None:
     presence = InteractivePresence(linger_s=0.0)
     assert presence.observe(True, 5.0)

@@ -45,6 +45,9 @@ CONFIG = EngineConfig(
     bulk_prefill_chunk_tokens=BULK_CHUNK_TOKENS,
     # Never aged in these tests: the bulk cap alone decides bulk prefill per step.
     bulk_aging_s=1000.0,
+    # The cap lifts as soon as no chat is in the engine (the default never lifts it), so that
+    # the tests see both sides of the rule without waiting out a linger.
+    interactive_linger_s=0.0,
     kv_cache_bytes=32 << 20,
     max_model_len=1024,
     dtype="float32",
@@ -144,7 +147,7 @@ async def test_class_aware_scheduler_caps_bulk_prefill_per_step_while_a_chat_run
     assert max(prefill) <= BULK_CHUNK_TOKENS
 
 
-async def test_bulk_prefill_is_not_capped_with_no_interactive_request(
+async def test_bulk_prefill_is_not_capped_with_no_interactive_request_once_the_cap_lifts(
     engine: VllmAsyncEngine,
 ) -> None:
     prefill = await _bulk_prefill_per_step(engine, "w", offset=7)

@@ -23,33 +23,19 @@ from typing import Any
 from vllm.v1.core.sched.scheduler import Scheduler
 
 from engine.backends.vllm.step_plan import (
-    StepKnobs,
     WorkItem,
     admission_limit,
     compose_step,
     interactive_in_engine,
+    knobs_from_config,
 )
 from policies.interactive_presence import InteractivePresence
 from policies.request_class import RequestClass
 
-__all__ = ["ClassAwareScheduler", "knobs_from_config"]
+__all__ = ["ClassAwareScheduler"]
 
 # The vLLM priority of each class (lower runs first).
 INTERACTIVE_PRIORITY = 0
-
-
-def knobs_from_config(additional_config: Any) -> StepKnobs:
-    mixgate = dict(additional_config or {}).get("mixgate")
-    if not isinstance(mixgate, dict):
-        raise ValueError("ClassAwareScheduler needs additional_config['mixgate'] (the envelope)")
-    return StepKnobs(
-        step_token_budget=int(mixgate["step_token_budget"]),
-        prefill_chunk_tokens=int(mixgate["prefill_chunk_tokens"]),
-        bulk_prefill_chunk_tokens=int(mixgate["bulk_prefill_chunk_tokens"]),
-        bulk_min_share=float(mixgate["bulk_min_share"]),
-        bulk_aging_s=float(mixgate["bulk_aging_s"]),
-        interactive_linger_s=float(mixgate.get("interactive_linger_s", 2.0)),
-    )
 
 
 def _work_item(key: int, request: Any, now_s: float) -> WorkItem:

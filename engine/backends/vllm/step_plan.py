@@ -20,6 +20,7 @@ budget (work-conserving, as plain vLLM). Pure: no vLLM, no clock (ages are passe
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 from policies.request_class import RequestClass
 from policies.step_budget import plan_step_budget
@@ -31,6 +32,7 @@ __all__ = [
     "admission_limit",
     "compose_step",
     "interactive_in_engine",
+    "knobs_from_config",
 ]
 
 
@@ -58,12 +60,31 @@ class StepKnobs:
     bulk_prefill_chunk_tokens: int
     bulk_min_share: float
     bulk_aging_s: float
-    # How long the bulk cap stays on after the last interactive request (EngineConfig's).
-    interactive_linger_s: float = 2.0
+    # How long after the last interactive request the bulk cap lifts; None: never
+    # (EngineConfig's interactive_linger_s).
+    interactive_linger_s: float | None = None
 
     def __post_init__(self) -> None:
         if self.step_token_budget < 1 or self.prefill_chunk_tokens < 1:
             raise ValueError("step_token_budget and prefill_chunk_tokens must be >= 1")
+
+
+def knobs_from_config(additional_config: Any) -> StepKnobs:
+    mixgate = dict(additional_config or {}).get("mixgate")
+    if not isinstance(mixgate, dict):
+        raise ValueError("ClassAwareScheduler needs additional_config['mixgate'] (the envelope)")
+    return StepKnobs(
+        step_token_budget=int(mixgate["step_token_budget"]),
+        prefill_chunk_tokens=int(mixgate["prefill_chunk_tokens"]),
+        bulk_prefill_chunk_tokens=int(mixgate["bulk_prefill_chunk_tokens"]),
+        bulk_min_share=float(mixgate["bulk_min_share"]),
+        bulk_aging_s=float(mixgate["bulk_aging_s"]),
+        interactive_linger_s=(
+            None
+            if mixgate.get("interactive_linger_s") is None
+            else float(mixgate["interactive_linger_s"])
+        ),
+    )
 
 
 @dataclass(frozen=True, slots=True)
