@@ -2,17 +2,19 @@
 
 The cap on bulk prefill per step (policies/step_budget.py) bounds how long a chat waits for the
 step under way when it arrives. Lifting it while no interactive work is in the engine lets bulk
-alone run full-budget steps, but then a chat that arrives into a lull waits for a whole
-uncapped step. Under `chat-over-backlog` (2 chats/s, ~1 s each, native engine, three runs)
-those chats made the TTFT tail: arriving between chats 84/111/104 ms, beside another chat
-60/70/52, alone 50; and with a linger of 2 s the phase's first chat, which has no chat before
-it, still took 102/110/130 ms, 50 of them waiting for a 512-token bulk step.
+alone run full-budget steps; a chat that then arrives into the lull waits for one whole
+uncapped step. `linger_s` sets how long after interactive work was last seen the cap lifts:
+0 (the default, EngineConfig's) at once; None never.
 
-The lift pays only where a step's fixed cost is a large part of it. On the native engine it is
-not any more: 48 bulk prompts of 769-1,519 tokens x 128 tokens alone on `small` (2 threads,
-medians of 3) drained at 1,002 output tokens/s in steps of 288 tokens (256 prefill + 32 decodes)
-and 969 in steps of 512; steps of 160 cost 7% (904). So the lift is an option (`linger_s`: lift
-that long after interactive work was last seen), and None, the cap never lifts, is the default.
+Measured end to end, `mixgate bench compare --workload chat-over-backlog` (native engine,
+`small`, 2 threads, chunk 256, three repeats each): the slowest chat after the phase's first
+was 63-107 ms with the cap lifting at once (two runs), 77-91 ms with a 2 s linger, 63-74 ms with
+the cap never lifting: within the runs' noise. The phase's first chat (no chat before it, 48 job
+submissions under way) took 84-130 ms under all three; its time is the gateway's and the
+engine's under the submission burst, not an uncapped step. Bulk alone drained 959 output tokens
+per busy second with the lift, 863 with the cap always on (vllm-priority in the same runs: 851,
+813). So the lift stays the default and the linger an option: a device whose full-budget step
+is long (a GPU's 8k-token prefill) is where a lull's chat would feel it.
 Clock injected (`now_s`): the simulator runs it in virtual time.
 """
 

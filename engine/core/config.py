@@ -25,10 +25,10 @@ class EngineConfig:
     bulk_min_share: float = 0.2
     bulk_aging_s: float = 5.0
     # How long after interactive work was last in the engine the bulk prefill cap lifts (bulk
-    # alone then runs full-budget steps); None: it never lifts, so a chat arriving into a lull
-    # waits for a capped step, not a full-budget one. Lifting no longer pays on the native
-    # engine (policies/interactive_presence.py has the numbers); 0: lift as soon as none is in.
-    interactive_linger_s: float | None = None
+    # alone then runs full-budget steps): 0 at once; None never, so that a chat arriving into
+    # a lull waits for a capped step, not a full-budget one (policies/interactive_presence.py:
+    # on this project's CPU neither chat latency nor bulk gained from holding it).
+    interactive_linger_s: float | None = 0.0
     # KV cache geometry: tokens per block, and blocks (None: sized from kv_cache_bytes).
     block_size_tokens: int = 16
     num_kv_blocks: int | None = None

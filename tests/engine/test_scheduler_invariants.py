@@ -208,7 +208,7 @@ def test_fcfs_serves_in_arrival_order_whatever_the_class() -> None:
 
 
 def test_mixgate_caps_bulk_prefill_beside_a_chat_where_priority_does_not() -> None:
-    def bulk_prefill_tokens(policy: str, *, with_chat: bool, linger_s: float | None = None) -> int:
+    def bulk_prefill_tokens(policy: str, *, with_chat: bool, linger_s: float | None = 0.0) -> int:
         config = EngineConfig(
             max_active_seqs=4,
             step_token_budget=32,
@@ -226,11 +226,11 @@ def test_mixgate_caps_bulk_prefill_beside_a_chat_where_priority_does_not() -> No
 
     assert bulk_prefill_tokens("mixgate", with_chat=True) == 4
     assert bulk_prefill_tokens("priority", with_chat=True) == 31  # all the decode leaves
-    # By default the cap holds with no chat in the engine too: the next chat to arrive waits
-    # for a capped step. With a linger set, bulk alone takes the whole budget.
-    assert bulk_prefill_tokens("mixgate", with_chat=False) == 4
-    assert bulk_prefill_tokens("mixgate", with_chat=False, linger_s=0.0) == 32
+    # With no interactive sequence in the engine there is nobody to protect: by default no cap.
+    assert bulk_prefill_tokens("mixgate", with_chat=False) == 32
     assert bulk_prefill_tokens("priority", with_chat=False) == 32
+    # Unless it is told never to lift: the next chat to arrive then waits for a capped step.
+    assert bulk_prefill_tokens("mixgate", with_chat=False, linger_s=None) == 4
 
 
 def test_priority_never_ages_bulk_under_a_flood() -> None:

@@ -45,8 +45,8 @@ CONFIG = EngineConfig(
     bulk_prefill_chunk_tokens=BULK_CHUNK_TOKENS,
     # Never aged in these tests: the bulk cap alone decides bulk prefill per step.
     bulk_aging_s=1000.0,
-    # The cap lifts as soon as no chat is in the engine (the default never lifts it), so that
-    # the tests see both sides of the rule without waiting out a linger.
+    # The cap lifts as soon as no chat is in the engine (the default, said here because the
+    # tests below see both sides of that rule).
     interactive_linger_s=0.0,
     kv_cache_bytes=32 << 20,
     max_model_len=1024,

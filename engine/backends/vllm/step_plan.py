@@ -36,6 +36,10 @@ __all__ = [
 ]
 
 
+# EngineConfig's default: the cap lifts as soon as no interactive request is in the engine.
+DEFAULT_INTERACTIVE_LINGER_S = 0.0
+
+
 @dataclass(frozen=True, slots=True)
 class WorkItem:
     """One request as the scheduler sees it before a step."""
@@ -62,7 +66,7 @@ class StepKnobs:
     bulk_aging_s: float
     # How long after the last interactive request the bulk cap lifts; None: never
     # (EngineConfig's interactive_linger_s).
-    interactive_linger_s: float | None = None
+    interactive_linger_s: float | None = DEFAULT_INTERACTIVE_LINGER_S
 
     def __post_init__(self) -> None:
         if self.step_token_budget < 1 or self.prefill_chunk_tokens < 1:
@@ -79,12 +83,16 @@ def knobs_from_config(additional_config: Any) -> StepKnobs:
         bulk_prefill_chunk_tokens=int(mixgate["bulk_prefill_chunk_tokens"]),
         bulk_min_share=float(mixgate["bulk_min_share"]),
         bulk_aging_s=float(mixgate["bulk_aging_s"]),
-        interactive_linger_s=(
-            None
-            if mixgate.get("interactive_linger_s") is None
-            else float(mixgate["interactive_linger_s"])
-        ),
+        interactive_linger_s=_linger_s(mixgate),
     )
+
+
+def _linger_s(mixgate: dict[str, Any]) -> float | None:
+    """The knob as given (None: the cap never lifts), or the default when it is absent."""
+    if "interactive_linger_s" not in mixgate:
+        return DEFAULT_INTERACTIVE_LINGER_S
+    value = mixgate["interactive_linger_s"]
+    return None if value is None else float(value)
 
 
 @dataclass(frozen=True, slots=True)
