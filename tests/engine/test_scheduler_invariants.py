@@ -338,11 +338,10 @@ def test_a_step_with_an_interactive_prefill_carries_no_bulk_prefill_unless_bulk_
         block_size_tokens=4,
         bulk_aging_s=1.0,
         bulk_min_share=0.25,
-        interactive_linger_s=0.0,
     )
     h = Harness(config, num_blocks=400, seed=3)
     h.add(BULK, 200, 4)
-    assert h.step().tokens_for(BULK) == 64  # alone (the cap lifts), bulk takes the whole budget
+    assert h.step().tokens_for(BULK) == 64  # alone, bulk prefill takes the whole budget
     h.add(INTERACTIVE, 20, 4)
     step = h.step()
     assert step.tokens_for(INTERACTIVE) == 20 and step.tokens_for(BULK) == 0
