@@ -70,7 +70,7 @@ def test_bulk_prefill_takes_the_whole_budget_with_no_interactive_request_in_the_
 
 def test_a_lingering_chat_keeps_the_bulk_cap_on_with_none_in_the_engine() -> None:
     running = [item(k, BULK, 600) for k in range(10)]
-    plan = compose_step(running, [], KNOBS, interactive_lingering=True)
+    plan = compose_step(running, [], KNOBS, interactive_present=True)
     assert plan.bulk_prefill_tokens == KNOBS.bulk_prefill_chunk_tokens
     assert plan.token_budget == KNOBS.bulk_prefill_chunk_tokens
 

@@ -74,13 +74,8 @@ class ClassAwareScheduler(Scheduler):  # type: ignore[misc]
         running = list(self.running)
         items = [_work_item(i, r, now_s) for i, r in enumerate(running)]
         waiting = [_work_item(len(running) + i, r, now_s) for i, r in enumerate(self.waiting)]
-        present = interactive_in_engine(items, waiting)
-        plan = compose_step(
-            items,
-            waiting,
-            self.mixgate_knobs,
-            interactive_lingering=self.mixgate_presence.observe(present, now_s) and not present,
-        )
+        present = self.mixgate_presence.observe(interactive_in_engine(items, waiting), now_s)
+        plan = compose_step(items, waiting, self.mixgate_knobs, interactive_present=present)
         held = [running[i] for i in sorted(plan.held_back)]
         saved = (self.max_num_scheduled_tokens, self.max_num_running_reqs, self.max_num_active_reqs)
         # NOTE: requests set aside still hold their slots; vLLM counts slots as len(running),

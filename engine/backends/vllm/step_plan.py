@@ -135,12 +135,13 @@ def compose_step(
     waiting: list[WorkItem],
     knobs: StepKnobs,
     *,
-    interactive_lingering: bool = False,
+    interactive_present: bool | None = None,
 ) -> StepComposition:
     """Order, hold back and budget one step (see the module docstring).
 
-    `interactive_lingering`: interactive work left the engine less than the linger ago, so the
-    bulk cap stays on as if it were present."""
+    `interactive_present`: whether the bulk cap treats interactive work as present (the
+    caller's `policies.interactive_presence`, which counts a recent request too); None: only
+    what is in the engine now."""
     inter, bulk = RequestClass.INTERACTIVE, RequestClass.BULK
     decodes = {
         c: [r for r in running if r.request_class is c and r.is_decode] for c in (inter, bulk)
@@ -152,7 +153,8 @@ def compose_step(
     decode_tokens = len(decodes[inter]) + len(decodes[bulk])
     demand = {c: sum(_chunk(r, knobs) for r in prefills[c] + waiting_by[c]) for c in (inter, bulk)}
     bulk_aged = any(r.age_s >= knobs.bulk_aging_s for r in prefills[bulk] + waiting_by[bulk])
-    interactive_present = interactive_lingering or interactive_in_engine(running, waiting)
+    if interactive_present is None:
+        interactive_present = interactive_in_engine(running, waiting)
     plan = plan_step_budget(
         step_token_budget=knobs.step_token_budget,
         interactive_decode_tokens=len(decodes[inter]),
