@@ -162,8 +162,8 @@ def _add_bench(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
         "--small-linears",
         choices=("kernel", "onednn"),
         default="kernel",
-        help="decode-sized calls of small weights: the engine's C loop (its default where it "
-        "builds), or oneDNN for every call",
+        help="decode-sized calls (<= 64 rows, weights <= 64 MiB): the engine's C loop (its "
+        "default where it builds), or oneDNN for every call",
     )
     engine.add_argument("--json", default=None, help="write results here")
     engine.add_argument(

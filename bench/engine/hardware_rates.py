@@ -6,8 +6,9 @@ each weight matrix: every weight is read once and used once. The matrix must be 
 than the last-level cache, or the number is the cache's speed, not memory's.
 
 Both run through the linear the engine itself runs (`engine.model.prepacked_linear`: oneDNN over a
-prepacked weight where the CPU has it, else torch's own), so that C and BW are the rates the
-engine's steps can reach. NOTE: on a 2-vCPU Zen 4 EPYC (2 threads, load ~8, medians of 5):
+prepacked weight where the CPU has it, else torch's own; BW the faster of that and the engine's
+own few-row loop, `engine.model.kernels.skinny`, where it builds), so that C and BW are the rates
+the engine's steps can reach. NOTE: on a 2-vCPU Zen 4 EPYC (2 threads, load ~8, medians of 5):
 fp32 n=2048 torch.mm 48 GFLOP/s vs prepacked 102; a 512 MiB fp32 matrix-vector product
 F.linear 11.6 GB/s vs prepacked 13.4 (best samples 12.1 vs 27.0).
 
@@ -30,6 +31,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from engine.model.kernels.skinny import skinny_linear_kernel
 from engine.model.prepacked_linear import PrepackedLinear, prepacking_supported
 from planning.costmodel import HardwareRates
 
@@ -164,9 +166,20 @@ def _matvec_bytes_per_s(
     # [1, cols] through the engine's linear, the call the model makes for one token; the
     # plain matrix is dropped once packed (a packed copy of it is the one read).
     linear = engine_linear(matrix)
-    del matrix
     x = torch.full((1, _MATRIX_COLS), 0.25, dtype=dtype, device=device)
     elapsed_s = median_time_s(lambda: linear(x), repeats, device)
+    kernel = skinny_linear_kernel() if device.type == "cpu" and dtype == torch.float32 else None
+    if kernel is not None:
+        # The engine's own loop streams weights faster than oneDNN where it takes them
+        # (engine/model/kernels/skinny.py): BW is the faster of the two, or the estimate would
+        # flatter the steps that use it.
+        panels = kernel.pack(matrix)
+        del matrix
+        out_features = rows
+        elapsed_s = min(
+            elapsed_s,
+            median_time_s(lambda: kernel.matmul(x, panels, out_features, None), repeats, device),
+        )
     return actual_bytes / elapsed_s, actual_bytes
 
 

@@ -134,5 +134,5 @@ def _graphs_title(graphs: dict[str, Any] | None) -> str:
 def _linears(engine: LLMEngine) -> str:
     if not engine.runner.prepacked:
         return "torch"
-    # Small weights' decode-sized calls through the engine's own loop (small_linear_kernel).
-    return "onednn-prepacked+small-kernel" if engine.runner.skinny_linear else "onednn-prepacked"
+    # Decode-sized calls through the engine's own loop (small_linear_kernel).
+    return "onednn-prepacked+skinny-kernel" if engine.runner.skinny_linear else "onednn-prepacked"

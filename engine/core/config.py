@@ -52,9 +52,10 @@ class EngineConfig:
     # (engine/model/kernels/fused_elementwise.c: 2-4x faster than eager torch's op chains, 4x
     # for a prefill chunk's SiLU * up); False, or no C compiler, keeps eager torch.
     fused_elementwise_kernels: bool = True
-    # CPU, fp32, with prepack_linears: weights of <= 2 MiB also through the engine's own C loop
-    # for calls of <= 32 rows (engine/model/kernels/skinny.py: oneDNN's fixed cost per call is
-    # most of such a call); False keeps oneDNN for every call.
+    # CPU, fp32, with prepack_linears: weights of <= 64 MiB also through the engine's own C loop
+    # for calls of <= 64 rows (engine/model/kernels/skinny.py: 0.56-0.85x oneDNN's time there,
+    # from its fixed cost per call on small weights, from streaming on large ones); False keeps
+    # oneDNN for every call. (The name is from when it took small weights only.)
     small_linear_kernel: bool = True
     # Pure-decode steps through padded static shapes replayed as CUDA graphs
     # (engine/model/decode_graphs.py): "auto" (on CUDA; the eager forward's launches left an

@@ -61,9 +61,9 @@ class PrepackedLinear(nn.Module):
     The original weight stays reachable as `weight` only when something else shares it (a tied
     lm_head shares the embedding's); otherwise the packed copy replaces it.
 
-    With `skinny` given, a small fp32 weight is also packed for it (engine/model/kernels/
-    skinny.py), and calls of at most MAX_ROWS rows go there instead: oneDNN's fixed cost per
-    call is most of such a call.
+    With `skinny` given, an fp32 weight it takes (up to its MAX_WEIGHT_BYTES) is also packed for
+    it (engine/model/kernels/skinny.py), and calls of at most MAX_ROWS rows go there instead:
+    faster than oneDNN at those row counts, small and streamed weights alike.
     """
 
     def __init__(self, linear: nn.Linear, skinny: SkinnyLinear | None = None):
@@ -108,8 +108,8 @@ def prepacked_matmul(
 
 
 def prepack_linears(model: nn.Module, skinny: SkinnyLinear | None = None) -> int:
-    """Replace every nn.Linear in `model` by a PrepackedLinear (small weights also through
-    `skinny` for few rows), and prepack the experts of every module that has `prepack_experts`
+    """Replace every nn.Linear in `model` by a PrepackedLinear (weights `skinny` takes also
+    through it for few rows), and prepack the experts of every module that has `prepack_experts`
     (engine.model.moe); returns how many linears were replaced."""
     for module in model.modules():
         prepack_experts = getattr(module, "prepack_experts", None)

@@ -66,9 +66,9 @@ class ModelRunner:
         # faster small-row GEMMs than torch's default path on Zen 4); `prepack=False` keeps
         # torch's own linears (EngineConfig.prepack_linears).
         self.prepacked = prepack and prepacking_supported(device, dtype)
-        # Small fp32 weights also through the engine's own few-rows kernel for decode-sized
-        # calls (engine/model/kernels/skinny.py: 1.2-3x faster than oneDNN's per-call cost on
-        # the `small` preset); `small_linear_kernel=False` keeps oneDNN for every call.
+        # fp32 weights also through the engine's own few-rows kernel for decode-sized calls
+        # (engine/model/kernels/skinny.py: 0.56-0.85x oneDNN's time up to 64 rows, small and
+        # streamed weights alike); `small_linear_kernel=False` keeps oneDNN for every call.
         use_skinny = small_linear_kernel and self.prepacked and dtype == torch.float32
         self.skinny_linear = skinny_linear_kernel() if use_skinny else None
         if self.prepacked:

@@ -1,8 +1,9 @@
 """The few-rows linear kernel (engine/model/kernels/skinny_linear.c) and where it is used.
 
-It must equal x @ W^T + b in float64 for every row count up to its limit (row blocks of 8, a
-last panel that is not full), give a row the same bits whatever its batch or thread count, and
-PrepackedLinear must send it only small fp32 weights' decode-sized calls.
+It must equal x @ W^T + b in float64 for every row count up to its limit and past it (row
+blocks of 8, passes of 32 rows, a last group of one or two panels, a last panel that is not
+full, inputs that end inside a chunk), give a row the same bits whatever its batch or thread
+count, and PrepackedLinear must send it only decode-sized calls of fp32 weights up to its bound.
 """
 
 from __future__ import annotations
@@ -14,7 +15,12 @@ import torch
 from torch import nn
 
 from engine.model.kernels import native_build
-from engine.model.kernels.skinny import MAX_ROWS, SkinnyLinear, skinny_linear_kernel
+from engine.model.kernels.skinny import (
+    MAX_ROWS,
+    MAX_WEIGHT_BYTES,
+    SkinnyLinear,
+    skinny_linear_kernel,
+)
 from engine.model.prepacked_linear import PrepackedLinear, prepacking_supported
 from engine.model.runner import ModelRunner
 from engine.model.weights import load_model
@@ -29,9 +35,10 @@ def _kernel() -> SkinnyLinear:
 
 
 @pytest.mark.parametrize(
-    ("out_features", "in_features"), [(512, 256), (259, 256), (256, 768), (5, 3)]
+    ("out_features", "in_features"),
+    [(512, 256), (259, 256), (256, 768), (80, 200), (5, 3)],
 )
-@pytest.mark.parametrize("rows", [1, 2, 7, 8, 9, 17, 32])
+@pytest.mark.parametrize("rows", [1, 2, 7, 8, 9, 17, 32, 33, 64, 70])
 def test_the_kernel_equals_float64(rows: int, out_features: int, in_features: int) -> None:
     kernel = _kernel()
     gen = torch.Generator().manual_seed(rows * out_features + in_features)
@@ -70,16 +77,19 @@ def test_a_row_gets_the_same_bits_alone_in_any_batch_and_thread_count() -> None:
     assert torch.equal(kernel.matmul(wide[:, :256], panels, 1536, None), two)
 
 
-def test_only_small_fp32_cpu_weights_are_taken() -> None:
+def test_only_fp32_cpu_weights_up_to_the_bound_are_taken() -> None:
     assert SkinnyLinear.takes(torch.zeros(1536, 256))
-    assert not SkinnyLinear.takes(torch.zeros(3072, 768))  # 9 MiB: oneDNN streams it as fast
+    assert SkinnyLinear.takes(torch.zeros(3072, 768))  # 9 MiB, streamed from memory: taken
+    # Past the bound its packed copy beside oneDNN's would double too much memory (empty: the
+    # pages are never touched).
+    assert not SkinnyLinear.takes(torch.empty(MAX_WEIGHT_BYTES // 4 // 1024 + 1, 1024))
     assert not SkinnyLinear.takes(torch.zeros(256, 256, dtype=torch.bfloat16))
     with pytest.raises(ValueError):
         _kernel().matmul(torch.zeros(2, 128), SkinnyLinear.pack(torch.zeros(16, 256)), 16, None)
 
 
 @pytest.mark.skipif(not prepacking_supported(CPU, torch.float32), reason="no oneDNN here")
-def test_prepacked_linear_sends_decode_sized_calls_of_small_weights_to_the_kernel() -> None:
+def test_prepacked_linear_sends_decode_sized_calls_to_the_kernel_up_to_its_bound() -> None:
     torch.manual_seed(0)
     small = nn.Linear(256, 512, bias=True)
     through_kernel = PrepackedLinear(small, _kernel())
@@ -94,7 +104,12 @@ def test_prepacked_linear_sends_decode_sized_calls_of_small_weights_to_the_kerne
         # Past MAX_ROWS the call is oneDNN's: the same bits as the oneDNN-only layer.
         x = torch.randn(MAX_ROWS + 1, 256)
         assert torch.equal(through_kernel(x), onednn_only(x))
-    large = PrepackedLinear(nn.Linear(768, 3072), _kernel())
+    streamed = PrepackedLinear(nn.Linear(768, 3072), _kernel())
+    assert streamed.skinny is not None and streamed.panels is not None
+    with torch.device("meta"):
+        oversized = nn.Linear(1024, MAX_WEIGHT_BYTES // 4 // 1024 + 1, bias=False)
+    oversized.weight = nn.Parameter(torch.empty_like(oversized.weight, device="cpu"))
+    large = PrepackedLinear(oversized, _kernel())
     assert large.skinny is None and large.panels is None
 
 

@@ -1,15 +1,18 @@
-"""The binding of skinny_linear.c: y = x W^T + b for a decode step's few rows, over small weights.
+"""The binding of skinny_linear.c: y = x W^T + b for a decode step's few rows.
 
 `skinny_linear_kernel()` compiles the C file once per machine and returns it, or None where it
 cannot be built here; PrepackedLinear then keeps oneDNN for every row count.
 
-NOTE: measured on the 2-vCPU Xeon @ 2.60 GHz, torch 2.13, 2 threads, one process, medians of 3
-runs of 100 calls; the four matrices of one layer, this kernel vs oneDNN prepacked:
-`small` (256 x 512, 256 x 256, 256 x 1536, 768 x 256; 3.2 MB, cache-resident) rows 1/2/4/8/16/
-24/32/48: 0.110/0.103/0.110/0.145/0.255/0.331/0.450/0.674 ms vs 0.346/0.280/0.291/0.339/0.419/
-0.618/0.520/0.643 (3.1x at 1 row, 1.2x at 32, 0.95x at 48); `100m` (37.7 MB, from memory) rows
-1/2/4/8/16/32: 2.33/2.54/3.25/3.63/5.07/8.14 vs 2.49/2.75/3.08/3.36/4.27/6.03 ms: no gain, so
-only weights up to MAX_WEIGHT_BYTES and rows up to MAX_ROWS take it.
+NOTE: measured on the 2-vCPU Xeon (AMX, 2.6 GHz), torch 2.13, 2 threads, one process, medians
+of 7 runs over 12 layers' matrices (so that 100m's stream from memory), ms a layer, this kernel
+vs oneDNN prepacked. `100m` (768 x 2304, 768 x 768, 768 x 6144, 3072 x 768; 37.7 MB) rows
+1/2/4/8/16/24/32: 1.19/1.22/1.28/1.33/1.63/1.99/2.43 vs 1.83/1.79/1.87/2.13/2.53/3.57/3.44
+(0.56-0.71x; one row streams 31.7 GB/s, 32 rows run at 248 GFLOP/s), rows 48/64: 3.28/4.13 vs
+4.06/4.96, rows 128/256: 8.19/14.93 vs 7.94/14.42 (oneDNN ahead by 3-4%). `small` (256 x 512,
+256 x 256, 256 x 1536, 768 x 256; 3.2 MB, cache-resident) rows 1/8/32/64: 0.085/0.087/0.209/
+0.376 vs 0.155/0.181/0.304/0.445. The loop before this one (each 16-wide panel read whole per
+block of 8 rows, no prefetch) was no faster than oneDNN on 100m (32 rows: 3.98 ms) and so was
+kept to weights of 2 MiB. Hence: rows up to MAX_ROWS and weights up to MAX_WEIGHT_BYTES.
 """
 
 from __future__ import annotations
@@ -27,9 +30,11 @@ __all__ = ["MAX_ROWS", "MAX_WEIGHT_BYTES", "SkinnyLinear", "skinny_linear_kernel
 _SOURCE = Path(__file__).with_name("skinny_linear.c")
 # The C file's PANEL: output features per contiguous panel of the packed weight.
 PANEL = 16
-# Where the kernel beat oneDNN in the NOTE above (rows <= 32 of a weight of <= 2 MiB).
-MAX_ROWS = 32
-MAX_WEIGHT_BYTES = 2 << 20
+# Where the kernel beat oneDNN in the NOTE above: up to 64 rows, at every weight size measured.
+MAX_ROWS = 64
+# The packed copy sits beside oneDNN's (prefill-sized calls keep oneDNN), so a weight's memory
+# doubles: bounded here to keep an 8B-shaped model's matrices (235 MB each) out.
+MAX_WEIGHT_BYTES = 64 << 20
 
 
 class SkinnyLinear:
@@ -42,7 +47,7 @@ class SkinnyLinear:
 
     @staticmethod
     def takes(weight: torch.Tensor) -> bool:
-        """Whether a weight is one this kernel runs faster than oneDNN (small, fp32, CPU)."""
+        """Whether a weight is one this kernel takes (fp32, CPU, at most MAX_WEIGHT_BYTES)."""
         return (
             weight.dtype == torch.float32
             and weight.device.type == "cpu"
