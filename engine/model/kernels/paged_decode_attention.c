@@ -31,6 +31,14 @@
 
 /* Query heads of kv heads [kv_first, kv_first + kv_count) of one row; q and out point at the
  * row's first query head of kv_first, scores holds kv_count x group x context_len floats. */
+/* Ask for [p, p + bytes) ahead of use. A row's blocks lie anywhere in the cache, so the hardware
+ * prefetcher, which follows sequential runs, starts every block cold: each token of a block
+ * fetches the same token of the next block while it computes. */
+static inline void prefetch_span(const void *p, int64_t bytes) {
+    const char *c = (const char *)p;
+    for (int64_t off = 0; off < bytes; off += 64) __builtin_prefetch(c + off, 0, 3);
+}
+
 /* Keys of block b that lie inside a context of context_len (the last block may be partial). */
 static inline int64_t tokens_in_block(int64_t context_len, int64_t b, int64_t block_size) {
     const int64_t left = context_len - b * block_size;
@@ -46,11 +54,16 @@ static void attend_row_heads_##SUFFIX(const float *q, const KV_T *k_cache, const
     const int64_t token_stride = kv_heads * head_dim;                                                    \
     const int64_t block_stride = block_size * token_stride;                                              \
     const int64_t num_blocks = (context_len + block_size - 1) / block_size;                              \
+    /* bytes of one token's K (or V) for this task's kv heads */                                          \
+    const int64_t record_bytes = kv_count * head_dim * (int64_t)sizeof(KV_T);                            \
     /* pass 1: scores[h * context_len + t] = q_h . k_t * scale */                                        \
     for (int64_t b = 0; b < num_blocks; ++b) {                                                           \
         const KV_T *k_block = k_cache + table[b] * block_stride + kv_first * head_dim;                   \
         const int64_t first = b * block_size, count = tokens_in_block(context_len, b, block_size);       \
+        const KV_T *k_next = b + 1 < num_blocks                                                          \
+            ? k_cache + table[b + 1] * block_stride + kv_first * head_dim : NULL;                        \
         for (int64_t t = 0; t < count; ++t) {                                                            \
+            if (k_next != NULL) prefetch_span(k_next + t * token_stride, record_bytes);                  \
             for (int64_t h = 0; h < heads; ++h) {                                                        \
                 /* query head h of this task reads the keys of its kv head, h / group */                 \
                 const KV_T *k = k_block + t * token_stride + (h / group) * head_dim;                     \
@@ -83,7 +96,10 @@ _Pragma("omp simd")                                                             
     for (int64_t b = 0; b < num_blocks; ++b) {                                                           \
         const KV_T *v_block = v_cache + table[b] * block_stride + kv_first * head_dim;                   \
         const int64_t first = b * block_size, count = tokens_in_block(context_len, b, block_size);       \
+        const KV_T *v_next = b + 1 < num_blocks                                                          \
+            ? v_cache + table[b + 1] * block_stride + kv_first * head_dim : NULL;                        \
         for (int64_t t = 0; t < count; ++t) {                                                            \
+            if (v_next != NULL) prefetch_span(v_next + t * token_stride, record_bytes);                  \
             for (int64_t h = 0; h < heads; ++h) {                                                        \
                 const KV_T *v = v_block + t * token_stride + (h / group) * head_dim;                     \
                 const float p = scores[h * context_len + first + t];                                     \
