@@ -1,4 +1,5 @@
-"""freeze_startup_heap: what start-up made leaves the collector's generations (gc.freeze)."""
+"""freeze_startup_heap: what start-up made leaves the collector's generations (gc.freeze), and
+full collections become rare (what is left to scan rarely dies)."""
 
 from __future__ import annotations
 
@@ -8,7 +9,10 @@ from collections.abc import Iterator
 
 import pytest
 
-from engine.process.startup_heap import freeze_startup_heap
+from engine.process.startup_heap import (
+    FULL_COLLECTION_EVERY_YOUNG_COLLECTIONS,
+    freeze_startup_heap,
+)
 
 
 class _Node:
@@ -17,8 +21,10 @@ class _Node:
 
 @pytest.fixture
 def unfrozen_after() -> Iterator[None]:
+    thresholds = gc.get_threshold()
     yield
     gc.unfreeze()  # the rest of the test session collects as before
+    gc.set_threshold(*thresholds)
 
 
 def test_survivors_are_frozen_and_garbage_is_not(unfrozen_after: None) -> None:
@@ -38,3 +44,11 @@ def test_survivors_are_frozen_and_garbage_is_not(unfrozen_after: None) -> None:
     late.append(late)
     del late
     assert gc.collect() >= 1
+
+
+def test_full_collections_wait_for_many_young_ones(unfrozen_after: None) -> None:
+    gc.set_threshold(700, 10, 10)
+    freeze_startup_heap()
+    # The young generations keep their thresholds; only the oldest waits longer.
+    assert gc.get_threshold() == (700, 10, FULL_COLLECTION_EVERY_YOUNG_COLLECTIONS)
+    assert FULL_COLLECTION_EVERY_YOUNG_COLLECTIONS >= 100
