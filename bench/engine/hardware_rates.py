@@ -166,20 +166,18 @@ def _matvec_bytes_per_s(
     # [1, cols] through the engine's linear, the call the model makes for one token; the
     # plain matrix is dropped once packed (a packed copy of it is the one read).
     linear = engine_linear(matrix)
+    kernel = skinny_linear_kernel() if device.type == "cpu" and dtype == torch.float32 else None
+    panels = None if kernel is None else kernel.pack(matrix)
+    del matrix
     x = torch.full((1, _MATRIX_COLS), 0.25, dtype=dtype, device=device)
     elapsed_s = median_time_s(lambda: linear(x), repeats, device)
-    kernel = skinny_linear_kernel() if device.type == "cpu" and dtype == torch.float32 else None
-    if kernel is not None:
+    if kernel is not None and panels is not None:
         # The engine's own loop streams weights faster than oneDNN where it takes them
         # (engine/model/kernels/skinny.py): BW is the faster of the two, or the estimate would
         # flatter the steps that use it.
-        panels = kernel.pack(matrix)
-        del matrix
-        out_features = rows
-        elapsed_s = min(
-            elapsed_s,
-            median_time_s(lambda: kernel.matmul(x, panels, out_features, None), repeats, device),
-        )
+        del linear
+        kernel_s = median_time_s(lambda: kernel.matmul(x, panels, rows, None), repeats, device)
+        elapsed_s = min(elapsed_s, kernel_s)
     return actual_bytes / elapsed_s, actual_bytes
 
 
