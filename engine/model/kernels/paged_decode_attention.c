@@ -29,8 +29,6 @@
 /* Floats of one task's output accumulator (on the stack): heads x head_dim at most. */
 #define MAX_ACC (64 * 128)
 
-/* Query heads of kv heads [kv_first, kv_first + kv_count) of one row; q and out point at the
- * row's first query head of kv_first, scores holds kv_count x group x context_len floats. */
 /* Ask for [p, p + bytes) ahead of use. A row's blocks lie anywhere in the cache, so the hardware
  * prefetcher, which follows sequential runs, starts every block cold: each token of a block
  * fetches the same token of the next block while it computes. */
@@ -45,6 +43,8 @@ static inline int64_t tokens_in_block(int64_t context_len, int64_t b, int64_t bl
     return left < block_size ? left : block_size;
 }
 
+/* Query heads of kv heads [kv_first, kv_first + kv_count) of one row; q and out point at the
+ * row's first query head of kv_first, scores holds kv_count x group x context_len floats. */
 #define DEFINE_PAGED_DECODE(SUFFIX, KV_T, LOAD) \
 static void attend_row_heads_##SUFFIX(const float *q, const KV_T *k_cache, const KV_T *v_cache,          \
                              const int64_t *table, int64_t context_len, float *out,                      \
