@@ -20,7 +20,10 @@ Clock injected (`now_s`): the simulator runs it in virtual time.
 
 from __future__ import annotations
 
-__all__ = ["InteractivePresence"]
+__all__ = ["DEFAULT_LINGER_S", "InteractivePresence"]
+
+# EngineConfig's default and the vLLM scheduler's when the knob is absent: lift at once.
+DEFAULT_LINGER_S = 0.0
 
 
 class InteractivePresence:

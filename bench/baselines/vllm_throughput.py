@@ -111,11 +111,10 @@ def parse_lengths(text: str) -> list[int]:
 
 def run_native(model: Path, config: EngineConfig, args: argparse.Namespace) -> dict[str, Any]:
     engine = LLMEngine(model, config)
-    if engine.runner.populate_thread is not None:
-        # Timed rounds start on a committed cache, as vLLM's (its CPU cache is torch.zeros,
-        # every page written at start-up): measured, the first rounds' page faults on fresh
-        # blocks took 4×512-token prefill from 1,165 to ~970 tokens/s on 100m.
-        engine.runner.populate_thread.join()
+    # Timed rounds start on a committed cache, as vLLM's (its CPU cache is torch.zeros, every
+    # page written at start-up): measured, the first rounds' page faults on fresh blocks took
+    # 4×512-token prefill from 1,165 to ~970 tokens/s on 100m.
+    engine.runner.wait_kv_cache_committed()
     native_round(engine, _requests("warm", 4, 16, 4))
     result = {}
     for load in workloads(args):

@@ -122,8 +122,7 @@ def make_engine(config: BenchConfig, max_active_seqs: int, num_kv_blocks: int) -
             prewarm=True,
         ),
     )
-    if engine.runner.populate_thread is not None:
-        engine.runner.populate_thread.join()
+    engine.runner.wait_kv_cache_committed()
     return engine
 
 

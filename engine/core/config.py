@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from policies.interactive_presence import DEFAULT_LINGER_S
 from policies.scheduling_policy import SchedulingPolicy
 
 
@@ -28,7 +29,7 @@ class EngineConfig:
     # alone then runs full-budget steps): 0 at once; None never, so that a chat arriving into
     # a lull waits for a capped step, not a full-budget one (policies/interactive_presence.py:
     # on this project's CPU neither chat latency nor bulk gained from holding it).
-    interactive_linger_s: float | None = 0.0
+    interactive_linger_s: float | None = DEFAULT_LINGER_S
     # KV cache geometry: tokens per block, and blocks (None: sized from kv_cache_bytes).
     block_size_tokens: int = 16
     num_kv_blocks: int | None = None

@@ -121,6 +121,12 @@ class ModelRunner:
             )
         )
 
+    def wait_kv_cache_committed(self) -> None:
+        """Block until the background commit of the KV cache's pages is done (no-op without
+        one): a benchmark's timed steps then write committed pages, as a served engine's do."""
+        if self.populate_thread is not None:
+            self.populate_thread.join()
+
     @torch.inference_mode()
     def execute(self, output: SchedulerOutput) -> dict[str, int]:
         """Run the step's forward and return the token sampled for each chunk that samples."""

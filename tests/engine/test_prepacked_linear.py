@@ -105,8 +105,8 @@ def test_a_prewarmed_engine_gives_the_same_tokens(tiny_model_dir: Path) -> None:
             max_active_seqs=2, num_kv_blocks=16, device="cpu", dtype="float32", prewarm=prewarm
         )
         engine = LLMEngine(tiny_model_dir, config)
-        if prewarm and engine.runner.populate_thread is not None:
-            engine.runner.populate_thread.join()
+        if prewarm:
+            engine.runner.wait_kv_cache_committed()
         outputs, _ = run_greedy(engine, [PROMPT, PROMPT[3:]], 12)
         return outputs["r0"] + outputs["r1"]
 

@@ -22,6 +22,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from policies.interactive_presence import DEFAULT_LINGER_S
 from policies.request_class import RequestClass
 from policies.step_budget import plan_step_budget
 
@@ -34,10 +35,6 @@ __all__ = [
     "interactive_in_engine",
     "knobs_from_config",
 ]
-
-
-# EngineConfig's default: the cap lifts as soon as no interactive request is in the engine.
-DEFAULT_INTERACTIVE_LINGER_S = 0.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -66,7 +63,7 @@ class StepKnobs:
     bulk_aging_s: float
     # How long after the last interactive request the bulk cap lifts; None: never
     # (EngineConfig's interactive_linger_s).
-    interactive_linger_s: float | None = DEFAULT_INTERACTIVE_LINGER_S
+    interactive_linger_s: float | None = DEFAULT_LINGER_S
 
     def __post_init__(self) -> None:
         if self.step_token_budget < 1 or self.prefill_chunk_tokens < 1:
@@ -90,7 +87,7 @@ def knobs_from_config(additional_config: Any) -> StepKnobs:
 def _linger_s(mixgate: dict[str, Any]) -> float | None:
     """The knob as given (None: the cap never lifts), or the default when it is absent."""
     if "interactive_linger_s" not in mixgate:
-        return DEFAULT_INTERACTIVE_LINGER_S
+        return DEFAULT_LINGER_S
     value = mixgate["interactive_linger_s"]
     return None if value is None else float(value)
 
