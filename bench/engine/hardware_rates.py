@@ -31,6 +31,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from engine.model.huge_pages import copy_into_huge_pages
 from engine.model.kernels.skinny import skinny_linear_kernel
 from engine.model.prepacked_linear import PrepackedLinear, prepacking_supported
 from planning.costmodel import HardwareRates
@@ -167,7 +168,9 @@ def _matvec_bytes_per_s(
     # plain matrix is dropped once packed (a packed copy of it is the one read).
     linear = engine_linear(matrix)
     kernel = skinny_linear_kernel() if device.type == "cpu" and dtype == torch.float32 else None
-    panels = None if kernel is None else kernel.pack(matrix)
+    # In huge pages, as the engine holds its panels (engine/model/huge_pages.py): 4 KiB pages
+    # would slow this stream by their TLB misses and the estimate would flatter the engine.
+    panels = None if kernel is None else copy_into_huge_pages([kernel.pack(matrix)])[0]
     del matrix
     x = torch.full((1, _MATRIX_COLS), 0.25, dtype=dtype, device=device)
     elapsed_s = median_time_s(lambda: linear(x), repeats, device)

@@ -19,11 +19,13 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from engine.model.huge_pages import copy_into_huge_pages
 from engine.model.kernels.skinny import MAX_ROWS, SkinnyLinear
 
 __all__ = [
     "PrepackedLinear",
     "bucketed_rows",
+    "move_panels_into_huge_pages",
     "prepack_linears",
     "prepacked_matmul",
     "prepacking_supported",
@@ -124,6 +126,18 @@ def prepack_linears(model: nn.Module, skinny: SkinnyLinear | None = None) -> int
     for parent, name, child in targets:
         setattr(parent, name, PrepackedLinear(child, skinny))
     return len(targets)
+
+
+def move_panels_into_huge_pages(model: nn.Module) -> int:
+    """Move every skinny-kernel panel set of `model` into one arena of transparent huge pages
+    (engine/model/huge_pages.py): those are the weights a decode step streams whole. Returns
+    the bytes moved."""
+    linears = [m for m in model.modules() if isinstance(m, PrepackedLinear)]
+    linears = [linear for linear in linears if linear.panels is not None]
+    panels = [linear.panels for linear in linears if linear.panels is not None]
+    for linear, copy in zip(linears, copy_into_huge_pages(panels), strict=True):
+        linear.panels = copy
+    return sum(p.numel() * p.element_size() for p in panels)
 
 
 def warm_row_buckets(model: nn.Module, max_rows: int) -> int:
