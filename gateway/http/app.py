@@ -42,6 +42,7 @@ from gateway.runtime import redis_health
 from gateway.runtime.embedded_redis import EmbeddedRedis
 from gateway.runtime.engine_setup import engine_config, resolve_model_dir, start_engine
 from gateway.runtime.settings import Settings
+from gateway.runtime.warm_paths import warm_chat_path
 from policies.admission import AdmissionConfig
 from policies.aging import ClassOffsets
 from policies.envelope import Envelope, load_envelope
@@ -287,6 +288,8 @@ async def _bring_up(state: GatewayState) -> None:
         on_finished=lambda cls, status, timings: _on_finished(state, cls, status, timings),
     )
     await state.dispatcher.start()
+    # Before the heap is frozen, so that what it loads is frozen with the rest.
+    await warm_chat_path(state.tokenizer)
     frozen = freeze_startup_heap()
     state.engine_ready = True
     log.info("ready", model=state.model_name, replica=settings.replica_id, gc_frozen=frozen)
