@@ -20,6 +20,7 @@ from engine.core.config import EngineConfig
 from engine.core.errors import RequestValidationError
 from engine.core.llm_engine import LLMEngine
 from engine.core.request import RequestOutput
+from engine.process.io_handoff import yield_to_io_thread
 from engine.process.messages import (
     AbortRequest,
     AddRequest,
@@ -97,6 +98,8 @@ class EngineCore:
             records = [history[-i] for i in range(min(new_steps, len(history)), 0, -1)]
             message = StepOutputs(outputs, pending.rejections, engine.load(), records)
             self._outputs.send(output_encoder.encode(message))
+            # Or the message waits for the next step to end (engine/process/io_handoff.py).
+            yield_to_io_thread()
 
     def _take_inputs(self, *, block: bool) -> _Pending | None:
         pending = _Pending()
