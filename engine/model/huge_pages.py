@@ -28,7 +28,7 @@ from collections.abc import Callable, Sequence
 import structlog
 import torch
 
-__all__ = ["HUGE_PAGE_BYTES", "copy_into_huge_pages"]
+__all__ = ["HUGE_PAGE_BYTES", "copy_into_huge_pages", "libc_madvise"]
 
 log = structlog.get_logger("mixgate.engine")
 
@@ -48,7 +48,7 @@ def copy_into_huge_pages(tensors: Sequence[torch.Tensor]) -> list[torch.Tensor]:
         return []
     if any(t.device.type != "cpu" or not t.is_contiguous() for t in tensors):
         raise ValueError("the huge-page arena takes contiguous CPU tensors")
-    madvise = _madvise()
+    madvise = libc_madvise()
     if madvise is None:
         return list(tensors)
     offsets: list[int] = []
@@ -76,7 +76,9 @@ def copy_into_huge_pages(tensors: Sequence[torch.Tensor]) -> list[torch.Tensor]:
 
 
 @functools.cache
-def _madvise() -> Callable[[int, int, int], int] | None:
+def libc_madvise() -> Callable[[int, int, int], int] | None:
+    """libc's madvise(addr, length, advice) -> 0 or -1 (errno kept), or None where it is not
+    Linux's (the advice numbers here are Linux's)."""
     if not sys.platform.startswith("linux"):
         return None  # MADV_HUGEPAGE's number is Linux's
     name = ctypes.util.find_library("c")

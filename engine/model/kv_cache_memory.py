@@ -25,7 +25,6 @@ before the engine reports ready.
 from __future__ import annotations
 
 import ctypes
-import ctypes.util
 import math
 import mmap
 import threading
@@ -35,6 +34,8 @@ from typing import Any
 import numpy as np
 import structlog
 import torch
+
+from engine.model.huge_pages import libc_madvise
 
 __all__ = ["populate_in_background", "zeroed_kv_cache"]
 
@@ -67,7 +68,7 @@ def populate_in_background(cache: torch.Tensor) -> threading.Thread | None:
     there is nothing to do (not CPU memory) or the kernel cannot (no MADV_POPULATE_WRITE)."""
     if cache.device.type != "cpu" or cache.numel() == 0:
         return None
-    madvise = _madvise()
+    madvise = libc_madvise()
     if madvise is None:
         return None
     thread = threading.Thread(
@@ -75,17 +76,6 @@ def populate_in_background(cache: torch.Tensor) -> threading.Thread | None:
     )
     thread.start()
     return thread
-
-
-def _madvise() -> Any:
-    name = ctypes.util.find_library("c")
-    if name is None:
-        return None
-    libc = ctypes.CDLL(name, use_errno=True)
-    madvise = libc.madvise
-    madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
-    madvise.restype = ctypes.c_int
-    return madvise
 
 
 def _populate(madvise: Any, cache: torch.Tensor) -> None:
