@@ -132,10 +132,13 @@ def move_panels_into_huge_pages(model: nn.Module) -> int:
     """Move every skinny-kernel panel set of `model` into one arena of transparent huge pages
     (engine/model/huge_pages.py): those are the weights a decode step streams whole. Returns
     the bytes moved."""
-    linears = [m for m in model.modules() if isinstance(m, PrepackedLinear)]
-    linears = [linear for linear in linears if linear.panels is not None]
-    panels = [linear.panels for linear in linears if linear.panels is not None]
-    for linear, copy in zip(linears, copy_into_huge_pages(panels), strict=True):
+    owners = [
+        (m, m.panels)
+        for m in model.modules()
+        if isinstance(m, PrepackedLinear) and m.panels is not None
+    ]
+    panels = [p for _, p in owners]
+    for (linear, _), copy in zip(owners, copy_into_huge_pages(panels), strict=True):
         linear.panels = copy
     return sum(p.numel() * p.element_size() for p in panels)
 
