@@ -93,7 +93,8 @@ class EngineConfig:
             raise ValueError("interactive_overcommit_seqs must be non-negative")
         if self.step_token_budget < self.max_running_seqs:
             # NOTE: every running sequence's decode token must fit in one step, or a decoding
-            # sequence could be skipped, which the scheduling contract forbids.
+            # sequence could be skipped, which the scheduling contract forbids (bulk decodes
+            # sit out only a step that runs an interactive prefill: policies/step_budget.py).
             raise ValueError(
                 "step_token_budget must be >= max_active_seqs + interactive_overcommit_seqs"
             )

@@ -4,9 +4,10 @@ Each step fills `step_token_budget` with at most `max_active_seqs` running bulk 
 interactive ones beside them up to `max_running_seqs` (the overcommit): interactive decodes,
 bulk decodes, interactive prefill chunks (oldest first), then bulk prefill chunks capped per
 step (see policies/step_budget.py for the split; whether the cap holds with no interactive
-sequence in: policies/interactive_presence.py). When KV blocks run out a sequence is
-preempted by recompute: bulk first, youngest first; an interactive sequence is never preempted
-to make room for bulk.
+sequence in: policies/interactive_presence.py). A step that runs an interactive prefill leaves
+bulk decodes out too, unless bulk is aged or the step before did so (`defers_bulk`). When KV
+blocks run out a sequence is preempted by recompute: bulk first, youngest first; an
+interactive sequence is never preempted to make room for bulk.
 """
 
 from __future__ import annotations
@@ -18,34 +19,20 @@ from collections.abc import Iterator
 
 from engine.core.block_manager import BlockManager
 from engine.core.config import EngineConfig
-from engine.core.scheduler_output import Preemption, ScheduledChunk, SchedulerOutput
+from engine.core.scheduler_output import Preemption, SchedulerOutput
 from engine.core.sequence import Sequence, SequenceStatus
+from engine.core.step_state import StepState, tokens_by_kind
 from policies.interactive_presence import InteractivePresence
 from policies.request_class import RequestClass
 from policies.scheduling_policy import SchedulingPolicy
-from policies.step_budget import bulk_prefill_cap_after_interactive, plan_step_budget
+from policies.step_budget import (
+    StepBudgetPlan,
+    bulk_prefill_cap_after_interactive,
+    defers_bulk,
+    plan_step_budget,
+)
 
 INTERACTIVE, BULK = RequestClass.INTERACTIVE, RequestClass.BULK
-
-
-class _StepState:
-    """Chunks chosen so far in this step; a preempted victim's chunk is taken back."""
-
-    def __init__(self, budget_tokens: int):
-        self.budget_left_tokens = budget_tokens
-        self.chunks: dict[str, ScheduledChunk] = {}
-        self.preemptions: list[Preemption] = []
-
-    def add(self, seq: Sequence, num_tokens: int) -> None:
-        end = seq.num_computed_tokens + num_tokens
-        chunk = ScheduledChunk(seq, seq.num_computed_tokens, num_tokens, end == seq.num_tokens)
-        self.chunks[seq.seq_id] = chunk
-        self.budget_left_tokens -= num_tokens
-
-    def take_back(self, seq: Sequence) -> None:
-        chunk = self.chunks.pop(seq.seq_id, None)
-        if chunk is not None:
-            self.budget_left_tokens += chunk.num_tokens
 
 
 class Scheduler:
@@ -68,6 +55,8 @@ class Scheduler:
         self._step_index = 0
         self.policy = SchedulingPolicy(config.scheduling_policy)
         self._interactive_presence = InteractivePresence(config.interactive_linger_s)
+        # Whether the last step left bulk out for an interactive prefill (policies/step_budget).
+        self._bulk_deferred_last_step = False
 
     def queue_of(self, seq: Sequence) -> RequestClass:
         """The class the scheduler treats a sequence as: its own, or one for all under fcfs."""
@@ -125,14 +114,53 @@ class Scheduler:
     # -- the step ----------------------------------------------------------------------------
 
     def schedule(self, now_s: float) -> SchedulerOutput:
-        state = _StepState(self.config.step_token_budget)
-        for request_class in (INTERACTIVE, BULK):
-            for seq in self._running(request_class, decoding=True):
-                if seq.status is SequenceStatus.RUNNING and self._reserve_running(seq, 1, state):
-                    state.add(seq, 1)
-
+        state = StepState(self.config.step_token_budget)
+        self._schedule_decodes(INTERACTIVE, state)
         bulk_aged = self._bulk_aged(now_s)
-        plan = plan_step_budget(
+        defer_bulk = self.policy.caps_bulk_prefill and defers_bulk(
+            interactive_prefill_pending=self._interactive_prefill_pending(),
+            bulk_aged=bulk_aged,
+            deferred_last_step=self._bulk_deferred_last_step,
+        )
+        if not defer_bulk:
+            self._schedule_decodes(BULK, state)
+        plan = self._plan(state, now_s, bulk_aged)
+        interactive_decode_tokens = self._tokens(state, INTERACTIVE)
+        self._schedule_prefills(
+            INTERACTIVE, plan.interactive_prefill_limit_tokens, state, now_s, bulk_aged
+        )
+        interactive_prefill_tokens = self._tokens(state, INTERACTIVE) - interactive_decode_tokens
+        # NOTE: a pending interactive prompt gets in by preempting unaged bulk; if one still
+        # does not, this step runs without bulk all the same, and the next one does not defer.
+        bulk_prefill_cap = plan.bulk_prefill_cap_tokens
+        if defer_bulk:
+            bulk_prefill_cap = 0
+        elif self.policy.caps_bulk_prefill:
+            bulk_prefill_cap = bulk_prefill_cap_after_interactive(
+                plan, interactive_prefill_tokens=interactive_prefill_tokens
+            )
+        self._schedule_prefills(BULK, bulk_prefill_cap, state, now_s, bulk_aged)
+        self._bulk_deferred_last_step = defer_bulk
+
+        chunks = sorted(state.chunks.values(), key=lambda c: not c.is_decode)
+        output = SchedulerOutput(
+            step_index=self._step_index,
+            chunks=tuple(chunks),
+            preemptions=tuple(state.preemptions),
+            bulk_guaranteed_tokens=plan.bulk_guaranteed_tokens,
+            tokens_by_kind=tokens_by_kind(chunks),
+        )
+        self._step_index += 1
+        self._check_step(output)
+        return output
+
+    def _schedule_decodes(self, request_class: RequestClass, state: StepState) -> None:
+        for seq in self._running(request_class, decoding=True):
+            if seq.status is SequenceStatus.RUNNING and self._reserve_running(seq, 1, state):
+                state.add(seq, 1)
+
+    def _plan(self, state: StepState, now_s: float, bulk_aged: bool) -> StepBudgetPlan:
+        return plan_step_budget(
             step_token_budget=self.config.step_token_budget,
             interactive_decode_tokens=self._tokens(state, INTERACTIVE),
             bulk_decode_tokens=self._tokens(state, BULK),
@@ -151,30 +179,12 @@ class Scheduler:
                 bool(self.waiting[INTERACTIVE]) or self._running_count[INTERACTIVE] > 0, now_s
             ),
         )
-        interactive_decode_tokens = self._tokens(state, INTERACTIVE)
-        self._schedule_prefills(
-            INTERACTIVE, plan.interactive_prefill_limit_tokens, state, now_s, bulk_aged
-        )
-        bulk_prefill_cap = plan.bulk_prefill_cap_tokens
-        if self.policy.caps_bulk_prefill:
-            bulk_prefill_cap = bulk_prefill_cap_after_interactive(
-                plan,
-                interactive_prefill_tokens=self._tokens(state, INTERACTIVE)
-                - interactive_decode_tokens,
-            )
-        self._schedule_prefills(BULK, bulk_prefill_cap, state, now_s, bulk_aged)
 
-        chunks = sorted(state.chunks.values(), key=lambda c: not c.is_decode)
-        output = SchedulerOutput(
-            step_index=self._step_index,
-            chunks=tuple(chunks),
-            preemptions=tuple(state.preemptions),
-            bulk_guaranteed_tokens=plan.bulk_guaranteed_tokens,
-            tokens_by_kind=_tokens_by_kind(chunks),
+    def _interactive_prefill_pending(self) -> bool:
+        """An interactive prompt waits or is part-way through its prefill."""
+        return bool(self.waiting[INTERACTIVE]) or any(
+            self.queue_of(s) is INTERACTIVE and not s.is_decoding for s in self.running
         )
-        self._step_index += 1
-        self._check_step(output)
-        return output
 
     def update(self, output: SchedulerOutput, sampled: dict[str, int], now_s: float) -> None:
         """Advance computed tokens, register full blocks, append sampled tokens."""
@@ -196,7 +206,7 @@ class Scheduler:
         self,
         request_class: RequestClass,
         limit_tokens: int,
-        state: _StepState,
+        state: StepState,
         now_s: float,
         bulk_aged: bool,
     ) -> None:
@@ -229,7 +239,7 @@ class Scheduler:
             tokens_left -= num
             tokens_left = min(tokens_left, state.budget_left_tokens)
 
-    def _admit(self, seq: Sequence, state: _StepState, bulk_aged: bool, max_tokens: int) -> int:
+    def _admit(self, seq: Sequence, state: StepState, bulk_aged: bool, max_tokens: int) -> int:
         """Give a waiting sequence a slot and blocks for its next chunk; 0 leaves it waiting."""
         interactive = self.queue_of(seq) is INTERACTIVE
         bulk_running = sum(1 for s in self.running if self.queue_of(s) is BULK)
@@ -282,7 +292,7 @@ class Scheduler:
 
     # -- preemption --------------------------------------------------------------------------
 
-    def _reserve_running(self, seq: Sequence, num_tokens: int, state: _StepState) -> bool:
+    def _reserve_running(self, seq: Sequence, num_tokens: int, state: StepState) -> bool:
         """Blocks for a running sequence, preempting if needed; False if it preempted itself."""
         while self.blocks.allocate_slots(seq, num_tokens) is None:
             own = self.queue_of(seq)
@@ -298,7 +308,7 @@ class Scheduler:
         self,
         victim_class: RequestClass,
         for_seq: Sequence | None,
-        state: _StepState,
+        state: StepState,
         beneficiary: RequestClass,
     ) -> bool:
         """Preempt the youngest running sequence of a class (younger than `for_seq` if given)."""
@@ -320,7 +330,7 @@ class Scheduler:
         self._preempt(max(candidates, key=lambda s: s.admit_order), state, beneficiary)
         return True
 
-    def _preempt(self, seq: Sequence, state: _StepState, beneficiary: RequestClass) -> None:
+    def _preempt(self, seq: Sequence, state: StepState, beneficiary: RequestClass) -> None:
         state.take_back(seq)
         self._remove_running(seq)
         self.blocks.free(seq)
@@ -341,7 +351,7 @@ class Scheduler:
         ]
         yield from sorted(matching, key=lambda s: s.admit_order)
 
-    def _tokens(self, state: _StepState, request_class: RequestClass) -> int:
+    def _tokens(self, state: StepState, request_class: RequestClass) -> int:
         chunks = state.chunks.values()
         return sum(c.num_tokens for c in chunks if self.queue_of(c.seq) is request_class)
 
@@ -377,11 +387,3 @@ class Scheduler:
                 raise RuntimeError(f"scheduled sequence {seq.seq_id} is not running")
             if len(seq.block_table) * block_size < chunk.end_pos:
                 raise RuntimeError(f"sequence {seq.seq_id} lacks blocks for its chunk")
-
-
-def _tokens_by_kind(chunks: list[ScheduledChunk]) -> dict[tuple[RequestClass, str], int]:
-    totals: dict[tuple[RequestClass, str], int] = {}
-    for chunk in chunks:
-        key = (chunk.seq.request_class, "decode" if chunk.is_decode else "prefill")
-        totals[key] = totals.get(key, 0) + chunk.num_tokens
-    return totals

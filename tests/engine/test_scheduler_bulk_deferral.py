@@ -1,0 +1,84 @@
+"""A step that runs an interactive prefill leaves bulk decodes out (policies/step_budget.py,
+`defers_bulk`): the chat's first token comes out of that step, so each bulk decode in it is
+paid by the chat's TTFT. Real Scheduler and BlockManager, the invariants' fake executor."""
+
+from __future__ import annotations
+
+from engine.core.config import EngineConfig
+from engine.core.scheduler_output import SchedulerOutput
+from tests.engine.test_scheduler_invariants import BULK, INTERACTIVE, Harness
+
+
+def _config(**overrides: object) -> EngineConfig:
+    knobs: dict[str, object] = dict(
+        max_active_seqs=8,
+        step_token_budget=64,
+        bulk_prefill_chunk_tokens=16,
+        block_size_tokens=4,
+        bulk_aging_s=100.0,
+        bulk_min_share=0.25,
+    )
+    knobs.update(overrides)
+    return EngineConfig(**knobs)  # type: ignore[arg-type]
+
+
+def _decoding_bulk(h: Harness, count: int) -> None:
+    for _ in range(count):
+        h.add(BULK, 8, 1000)
+    while h.scheduler.num_waiting(BULK) or any(not s.is_decoding for s in h.scheduler.running):
+        h.step()
+
+
+def _bulk_decodes(step: SchedulerOutput) -> int:
+    return step.tokens_by_kind.get((BULK, "decode"), 0)
+
+
+def test_a_chat_prefill_step_carries_no_bulk_decodes_and_the_next_step_does() -> None:
+    h = Harness(_config(), num_blocks=400, seed=5)
+    _decoding_bulk(h, 4)
+    assert _bulk_decodes(h.step()) == 4
+    h.add(INTERACTIVE, 20, 4)
+    step = h.step()
+    assert step.tokens_by_kind == {(INTERACTIVE, "prefill"): 20}
+    after = h.step()
+    assert _bulk_decodes(after) == 4 and after.tokens_for(INTERACTIVE) == 1
+
+
+def test_a_flood_of_chats_defers_bulk_decodes_every_other_step_at_most() -> None:
+    # Overcommit slots for the chats, so that none preempts a bulk sequence.
+    h = Harness(_config(max_active_seqs=4, interactive_overcommit_seqs=4), num_blocks=2000, seed=6)
+    _decoding_bulk(h, 4)
+    steps = []
+    for _ in range(40):
+        h.add(INTERACTIVE, 12, 2)  # a new prompt waits before every step
+        steps.append(h.step())
+    with_decodes = [_bulk_decodes(s) == 4 for s in steps]
+    deferred_twice = [
+        i for i in range(1, len(steps)) if not with_decodes[i - 1] and not with_decodes[i]
+    ]
+    assert deferred_twice == []
+    assert with_decodes.count(False) >= 15  # and the deferral does happen under the flood
+
+
+def test_aged_bulk_keeps_its_decodes_beside_a_chat_prefill() -> None:
+    h = Harness(
+        _config(bulk_aging_s=1.0, max_active_seqs=2, interactive_overcommit_seqs=2),
+        num_blocks=400,
+        seed=7,
+    )
+    _decoding_bulk(h, 2)
+    h.add(BULK, 30, 4)  # waits for a slot: bulk prefill work that can age
+    h.now_s += 2.0
+    h.add(INTERACTIVE, 20, 4)
+    step = h.step()
+    assert step.tokens_by_kind[(INTERACTIVE, "prefill")] == 20
+    assert _bulk_decodes(step) == 2
+
+
+def test_strict_priority_keeps_bulk_decodes_beside_a_chat_prefill() -> None:
+    # vLLM's priority scheduling has no such deferral: the baseline preset keeps its behaviour.
+    h = Harness(_config(scheduling_policy="priority"), num_blocks=400, seed=8)
+    _decoding_bulk(h, 3)
+    h.add(INTERACTIVE, 20, 4)
+    step = h.step()
+    assert step.tokens_by_kind[(INTERACTIVE, "prefill")] == 20 and _bulk_decodes(step) == 3
