@@ -6,7 +6,7 @@ the model itself costs little.
    of claim.
 2. TTFT through `mixgate serve` vs an in-process AsyncEngine on the same model folder and the
    same prompts (`bench.gateway.ttft`); gateway-added = gateway minus direct, per
-   percentile. The two run one after the other, not side by side, so their noise differs.
+   percentile. The two take turns chat by chat (never at once), so they see the same noise.
 3. On the same server: Redis commands of one streamed 64-token chat, counted at the Redis
    server (`bench.gateway.redis_commands`); then job submissions/s through POST /v1/jobs and job
    status polls/s through GET /v1/jobs/{id}, from keep-alive connections at once
@@ -37,8 +37,8 @@ from bench.gateway.queue_ops import run_queue_bench
 from bench.gateway.redis_commands import ChatCommands, count_chat_commands
 from bench.gateway.ttft import (
     MAX_TOKENS,
-    engine_ttft_ms,
-    gateway_ttft_ms,
+    PairedTtft,
+    paired_ttft_ms,
     served_model,
     start_bench_server,
     streamed_chat,
@@ -71,7 +71,7 @@ def percentiles(values: list[float]) -> dict[str, float]:
 # one chat stand out from the idle traffic, and bulk left unclaimed so that the submissions
 # phase measures intake, not the engine running the jobs it just accepted on the same cores.
 LIVE_SERVER_ENV = {
-    # One torch thread, as the direct engine runs (bench.gateway.ttft.engine_ttft_ms).
+    # One torch thread, as the direct engine runs (bench.gateway.ttft.paired_ttft_ms).
     "MIXGATE_NUM_THREADS": "1",
     # The default log level, as `mixgate serve` runs: every request writes its access line
     # (into the server's log file), and that is part of what a request costs.
@@ -86,7 +86,7 @@ LIVE_SERVER_ENV = {
 def _live_phases(args: argparse.Namespace, url: str, work: Path, model_dir: Path) -> dict[str, Any]:
     server = start_bench_server(model_dir, url, work / "server", LIVE_SERVER_ENV)
     try:
-        ttft = gateway_ttft_ms(server.url, args.chats)
+        ttft = asyncio.run(paired_ttft_ms(server.url, model_dir, args.chats))
         commands = count_chat_commands(
             url, lambda: streamed_chat(server.url, COMMANDS_CHAT_TOKENS), chats=args.command_chats
         )
@@ -105,10 +105,10 @@ def _measure(args: argparse.Namespace, work: Path) -> dict[str, Any]:
         queue = asyncio.run(run_queue_bench(url, args.admissions, args.concurrency))
         model_dir = make_model(work / "model", PRESET, seed=0)
         live = _live_phases(args, url, work, model_dir)
-    gateway, gateway_httpx = live["ttft"]
-    direct = asyncio.run(engine_ttft_ms(model_dir, args.chats))
+    ttft: PairedTtft = live["ttft"]
+    gateway, direct = ttft.gateway_raw_ms, ttft.direct_ms
     ttft_gateway, ttft_engine = percentiles(gateway), percentiles(direct)
-    ttft_httpx = percentiles(gateway_httpx)
+    ttft_httpx = percentiles(ttft.gateway_httpx_ms)
     commands: ChatCommands = live["commands"]
     submitted: HttpPhase = live["submitted"]
     polled: HttpPhase = live["polled"]
@@ -123,6 +123,11 @@ def _measure(args: argparse.Namespace, work: Path) -> dict[str, Any]:
         "ttft_gateway_ms": ttft_gateway,
         "ttft_engine_ms": ttft_engine,
         "gateway_added_ms": {q: ttft_gateway[q] - ttft_engine[q] for q in ("p50", "p99")},
+        # Percentiles of the per-chat difference (gateway minus direct on the same prompt, taken
+        # in turn): the tail of what one chat pays, beside the difference of the two tails.
+        "gateway_added_per_chat_ms": percentiles(
+            [g - d for g, d in zip(gateway, direct, strict=True)]
+        ),
         "ttft_gateway_httpx_ms": ttft_httpx,
         "gateway_added_httpx_ms": {q: ttft_httpx[q] - ttft_engine[q] for q in ("p50", "p99")},
         "http": {
@@ -154,10 +159,10 @@ def _measure(args: argparse.Namespace, work: Path) -> dict[str, Any]:
             "cpu_count": os.cpu_count(),
             "load_average": os.getloadavg(),
             "server_env": LIVE_SERVER_ENV,
-            "note": "gateway and direct-engine TTFT run one after the other, not side by "
-            "side, so their noise differs; gateway_added = gateway minus direct per percentile, "
+            "note": "gateway and direct-engine TTFT take turns chat by chat (never at once), "
+            "so they see the same noise; gateway_added = gateway minus direct per percentile, "
             "the gateway timed with a raw HTTP/1.1 client (gateway_added_httpx: with httpx, its "
-            "own request building and SSE parsing included; the two take turns chat by chat); "
+            "own request building and SSE parsing included); "
             "submissions and polls are 2xx answers per second over keep-alive connections from "
             "one client process on the same machine",
         },
@@ -196,6 +201,7 @@ def _print(result: dict[str, Any]) -> None:
         ("TTFT engine direct ms", "ttft_engine_ms", ""),
         ("gateway-added TTFT ms", "gateway_added_ms", f"p99 <= {TARGET_ADDED_P99_MS} ({met})"),
         ("gateway-added TTFT ms (httpx)", "gateway_added_httpx_ms", ""),
+        ("gateway-added TTFT ms, per chat", "gateway_added_per_chat_ms", ""),
     ]
     for label, key, note in rows:
         table.add_row(label, f"{result[key]['p50']:.3f}", f"{result[key]['p99']:.3f}", note)

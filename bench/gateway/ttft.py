@@ -1,11 +1,13 @@
 """TTFT through `mixgate serve` against TTFT of an in-process AsyncEngine, for
 `mixgate bench gateway`.
 
-The two run one after the other (the server is stopped before the engine loads), never side by
-side, so they share no CPU but see different noise. The server is timed twice: with a raw
-HTTP/1.1 client on one keep-alive socket (`RawSseClient`: what the gateway adds, with the least
-client work in the way) and with httpx (what a Python client sees, its own request building and
-SSE parsing included), taking turns (`gateway_ttft_ms`).
+The two take turns chat by chat (`paired_ttft_ms`): the server's chat, then the same prompt on
+the direct engine, never at once, so they share no CPU and see the same noise. (Run one after
+the other, the server stopped before the engine loaded, two runs' p99 of gateway-added TTFT
+differed by 0.5 ms: a tail of 200 chats taken minutes apart from the tail it is compared with.)
+The server is timed twice: with a raw HTTP/1.1 client on one keep-alive socket (`RawSseClient`:
+what the gateway adds, with the least client work in the way) and with httpx (what a Python
+client sees, its own request building and SSE parsing included).
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ import socket
 import time
 import uuid
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
@@ -91,29 +94,6 @@ def served_model(client: httpx.Client) -> str:
     return str(client.get("/v1/models").json()["data"][0]["id"])
 
 
-def gateway_ttft_ms(server_url: str, chats: int) -> tuple[list[float], list[float]]:
-    """TTFT of each chat through a running `mixgate serve`, (raw client, httpx): the two clients
-    take turns chat by chat, so they see the same server and the same noise. Chats with no
-    content are left out."""
-    with httpx.Client(base_url=server_url, timeout=60.0) as client:
-        model = served_model(client)
-        raw = RawSseClient(server_url)
-        raw_ms: list[float] = []
-        httpx_ms: list[float] = []
-        try:
-            for index, messages in enumerate(prompts(WARMUP_CHATS) + prompts(chats)):
-                body = chat_body(model, messages, MAX_TOKENS)
-                for out, ttft in (
-                    (raw_ms, raw.chat_ttft_ms(body)),
-                    (httpx_ms, _one_chat_ttft_ms(client, body)),
-                ):
-                    if index >= WARMUP_CHATS and ttft is not None:
-                        out.append(ttft)
-        finally:
-            raw.close()
-        return raw_ms, httpx_ms
-
-
 def streamed_chat(server_url: str, max_tokens: int) -> None:
     """One streamed chat of `max_tokens` tokens, read to [DONE]."""
     with httpx.Client(base_url=server_url, timeout=60.0) as client:
@@ -121,30 +101,69 @@ def streamed_chat(server_url: str, max_tokens: int) -> None:
         _one_chat_ttft_ms(client, body)
 
 
-async def engine_ttft_ms(model_dir: Path, chats: int) -> list[float]:
-    """TTFT of the same chats through an in-process AsyncEngine (same template, one thread)."""
+@dataclass(frozen=True, slots=True)
+class PairedTtft:
+    """TTFT in ms of the same chats, taken in turns: through the server with each client, and
+    on the direct engine; entry i of each list is the same prompt."""
+
+    gateway_raw_ms: list[float]
+    gateway_httpx_ms: list[float]
+    direct_ms: list[float]
+
+
+async def paired_ttft_ms(server_url: str, model_dir: Path, chats: int) -> PairedTtft:
+    """Each prompt through the server (raw client, then httpx), then on an in-process
+    AsyncEngine on the same model folder (same template, one thread, as the server's engine).
+    Chats with no content are left out."""
     config = EngineConfig(num_threads=1, device="cpu", kv_cache_bytes=KV_CACHE_BYTES)
     llm = LLMEngine(model_dir, config)
     engine = AsyncEngine(llm)
     await engine.start()
     sampling = SamplingParams(max_tokens=MAX_TOKENS, temperature=0.0, ignore_eos=True)
-    out: list[float] = []
+    result = PairedTtft([], [], [])
+    raw = RawSseClient(server_url)
     try:
-        for index, messages in enumerate(prompts(WARMUP_CHATS) + prompts(chats)):
-            start = time.perf_counter()
-            prompt = tuple(llm.tokenizer.encode_chat(messages))
-            request = GenerationRequest(f"direct-{index}", prompt, sampling)
-            ttft: float | None = None
-            async for delta in engine.generate(request):
-                # First visible text, as on the SSE side: the random model's bytes are often
-                # held back until they form UTF-8, which delays text on both paths alike.
-                if ttft is None and delta.new_text:
-                    ttft = (time.perf_counter() - start) * 1000
-            if index >= WARMUP_CHATS and ttft is not None:
-                out.append(ttft)
+        with httpx.Client(base_url=server_url, timeout=60.0) as client:
+            model = served_model(client)
+            for index, messages in enumerate(prompts(WARMUP_CHATS) + prompts(chats)):
+                body = chat_body(model, messages, MAX_TOKENS)
+                # NOTE: the two synchronous clients block this loop while they wait; the direct
+                # engine is idle meanwhile, and its own turn comes after them.
+                raw_ms = raw.chat_ttft_ms(body)
+                httpx_ms = _one_chat_ttft_ms(client, body)
+                direct_ms = await _direct_ttft_ms(engine, llm, messages, index, sampling)
+                # Kept as triples (index i is one prompt on all three), so that per-chat
+                # differences can be taken. Greedy on the same model: a chat whose text is
+                # held back on one path is held back on the others too.
+                if index < WARMUP_CHATS or raw_ms is None or httpx_ms is None:
+                    continue
+                if direct_ms is not None:
+                    result.gateway_raw_ms.append(raw_ms)
+                    result.gateway_httpx_ms.append(httpx_ms)
+                    result.direct_ms.append(direct_ms)
     finally:
+        raw.close()
         await engine.stop()
-    return out
+    return result
+
+
+async def _direct_ttft_ms(
+    engine: AsyncEngine,
+    llm: LLMEngine,
+    messages: list[dict[str, str]],
+    index: int,
+    sampling: SamplingParams,
+) -> float | None:
+    start = time.perf_counter()
+    prompt = tuple(llm.tokenizer.encode_chat(messages))
+    request = GenerationRequest(f"direct-{index}", prompt, sampling)
+    ttft: float | None = None
+    async for delta in engine.generate(request):
+        # First visible text, as on the SSE side: the random model's bytes are often held
+        # back until they form UTF-8, which delays text on both paths alike.
+        if ttft is None and delta.new_text:
+            ttft = (time.perf_counter() - start) * 1000
+    return ttft
 
 
 class RawSseClient:
