@@ -37,8 +37,7 @@ def test_interactive_decodes_are_walked_first_and_never_held_back() -> None:
         item(3, INTER, 200),
         item(4, INTER, 1),
     ]
-    # (the step after a deferring one: bulk decodes are not left out; see the tests below)
-    plan = compose_step(running, [], KNOBS, bulk_deferred_last_step=True)
+    plan = compose_step(running, [], KNOBS)
     assert plan.running_order[:2] == (2, 4)
     assert plan.running_order[2] == 1
     assert {2, 4, 1} <= set(plan.running_order)
@@ -76,25 +75,20 @@ def test_a_lingering_chat_keeps_the_bulk_cap_on_with_none_in_the_engine() -> Non
     assert plan.token_budget == KNOBS.bulk_prefill_chunk_tokens
 
 
-@pytest.mark.parametrize("deferred_last_step", [False, True])
 @pytest.mark.parametrize("waiting_bulk", [0, 1, 50, 400])
 def test_a_chat_arriving_behind_many_bulk_requests_is_prefilled_in_the_next_step(
-    waiting_bulk: int, deferred_last_step: bool
+    waiting_bulk: int,
 ) -> None:
     # The engine is full of bulk work: 20 decodes, 8 running prefills, more waiting.
     running = [item(k, BULK, 1) for k in range(20)] + [item(20 + k, BULK, 700) for k in range(8)]
     waiting = [item(100 + k, BULK, 900, age_s=1.0) for k in range(waiting_bulk)]
     chat = item(999, INTER, 150)
-    plan = compose_step(
-        running, [*waiting, chat], KNOBS, bulk_deferred_last_step=deferred_last_step
-    )
+    plan = compose_step(running, [*waiting, chat], KNOBS)
     # vLLM walks `running` first, then admits the waiting queue by priority (the chat first):
     # what running requests can take this step must leave the chat its whole first chunk.
-    running_tokens = sum(1 for key in plan.running_order if key < 20)
-    running_tokens += KNOBS.prefill_chunk_tokens * sum(1 for key in plan.running_order if key >= 20)
-    # Bulk sits the whole step out, decodes too, unless the step before already did.
-    assert plan.bulk_deferred is not deferred_last_step
-    assert (running_tokens == 0) is plan.bulk_deferred
+    running_tokens = 20 + KNOBS.prefill_chunk_tokens * sum(
+        1 for key in plan.running_order if key >= 20
+    )
     assert plan.interactive_prefill_tokens == KNOBS.prefill_chunk_tokens
     assert plan.token_budget - running_tokens >= KNOBS.prefill_chunk_tokens
     # And the bulk cap holds while the chat is there.
@@ -113,29 +107,11 @@ def test_a_waiting_interactive_prompt_holds_back_partial_bulk_chunks() -> None:
     knobs = StepKnobs(64, 32, 48, 0.25, 5.0)
     running = [item(0, BULK, 600), item(1, BULK, 600)]
     waiting = [item(2, INTER, 100)]
-    plan = compose_step(running, waiting, knobs, bulk_deferred_last_step=True)
+    plan = compose_step(running, waiting, knobs)
     # 48 tokens of bulk allowance = one whole 32-token chunk; the waiting prompt gets the rest.
     assert plan.running_order == (0,)
     assert plan.held_back == frozenset({1})
     assert plan.token_budget == 64
-
-
-def test_a_chat_prefill_step_holds_bulk_decodes_back_once_and_not_when_bulk_is_aged() -> None:
-    running = [item(k, BULK, 1) for k in range(6)] + [item(6, INTER, 1), item(7, BULK, 400)]
-    chat = item(9, INTER, 100)
-    first = compose_step(running, [chat], KNOBS)
-    assert first.bulk_deferred and first.running_order == (6,)
-    assert first.held_back == frozenset({0, 1, 2, 3, 4, 5, 7})
-    assert first.token_budget == 1 + 32 and first.bulk_prefill_tokens == 0
-    # The chat is still waiting (say vLLM could not admit it): bulk runs in the next step.
-    second = compose_step(running, [chat], KNOBS, bulk_deferred_last_step=True)
-    assert not second.bulk_deferred and set(range(6)) <= set(second.running_order)
-    # No interactive prefill pending: no deferral.
-    assert not compose_step(running, [], KNOBS).bulk_deferred
-    # Aged bulk keeps its share beside the chat.
-    aged_running = [*running[:-1], item(7, BULK, 400, age_s=6.0)]
-    aged = compose_step(aged_running, [chat], KNOBS)
-    assert not aged.bulk_deferred and set(range(6)) <= set(aged.running_order)
 
 
 def test_aged_bulk_is_guaranteed_its_min_share() -> None:

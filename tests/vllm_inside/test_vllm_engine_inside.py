@@ -262,38 +262,3 @@ async def test_a_chat_gets_in_while_bulk_holds_every_slot(engine: VllmAsyncEngin
             engine.abort(f"slot{k}")
         for gen in bulk:
             await gen.aclose()
-
-
-async def test_bulk_decodes_sit_out_a_chat_prefill_step_and_keep_their_tokens(
-    engine: VllmAsyncEngine, model_dir: Path
-) -> None:
-    """A step that prefills a chat holds every bulk request back (policies/step_budget.py,
-    `defers_bulk`); held-back decodes resume in vLLM with the tokens they would have had."""
-    prompts = [tuple((i * k + 5) % 250 + 1 for i in range(30)) for k in (2, 7, 9)]
-    native = LLMEngine(model_dir, EngineConfig(device="cpu", max_model_len=1024))
-    expected: dict[str, list[int]] = {}
-    for k, prompt in enumerate(prompts):
-        native.add_request(request(f"held{k}", prompt, 40, RequestClass.BULK))
-    while native.has_unfinished_requests():
-        for out in native.step():
-            expected.setdefault(out.request_id, []).extend(out.new_token_ids)
-    bulk = [
-        engine.generate(request(f"held{k}", p, 40, RequestClass.BULK))
-        for k, p in enumerate(prompts)
-    ]
-    tokens: dict[str, list[int]] = {}
-    for k, gen in enumerate(bulk):
-        tokens[f"held{k}"] = list((await gen.__anext__()).new_token_ids)  # all three decoding
-    first_step = engine.load().steps
-    chat = await collect(
-        engine, request("between", tuple(range(40, 140)), 2, RequestClass.INTERACTIVE)
-    )
-    assert chat[-1].finished
-    for k, gen in enumerate(bulk):
-        tokens[f"held{k}"] += [t async for out in gen for t in out.new_token_ids]
-    assert tokens == expected
-    # vLLM's step stats have no class: the chat's first chunk (64 of its 100 tokens, the
-    # whole step budget) is the step with prefill and no decode at all; without the deferral
-    # the three bulk decodes would run beside it.
-    records = [r for r in engine._stats.history.records if r.step_index >= first_step]
-    assert any(r.tokens_of("prefill") > 0 and r.tokens_of("decode") == 0 for r in records)

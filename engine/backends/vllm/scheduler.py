@@ -68,8 +68,6 @@ class ClassAwareScheduler(Scheduler):  # type: ignore[misc]
         super().__init__(*args, **kwargs)
         self.mixgate_knobs = knobs_from_config(self.vllm_config.additional_config)
         self.mixgate_presence = InteractivePresence(self.mixgate_knobs.interactive_linger_s)
-        # The last step's StepComposition.bulk_deferred (never two deferring steps in a row).
-        self.mixgate_bulk_deferred = False
 
     def schedule(self, *args: Any, **kwargs: Any) -> Any:
         now_s = time.time()
@@ -77,14 +75,7 @@ class ClassAwareScheduler(Scheduler):  # type: ignore[misc]
         items = [_work_item(i, r, now_s) for i, r in enumerate(running)]
         waiting = [_work_item(len(running) + i, r, now_s) for i, r in enumerate(self.waiting)]
         present = self.mixgate_presence.observe(interactive_in_engine(items, waiting), now_s)
-        plan = compose_step(
-            items,
-            waiting,
-            self.mixgate_knobs,
-            interactive_present=present,
-            bulk_deferred_last_step=self.mixgate_bulk_deferred,
-        )
-        self.mixgate_bulk_deferred = plan.bulk_deferred
+        plan = compose_step(items, waiting, self.mixgate_knobs, interactive_present=present)
         held = [running[i] for i in sorted(plan.held_back)]
         saved = (self.max_num_scheduled_tokens, self.max_num_running_reqs, self.max_num_active_reqs)
         # NOTE: requests set aside still hold their slots; vLLM counts slots as len(running),

@@ -14,9 +14,7 @@ This module turns a view of the queues into those three, with `policies.step_bud
 bulk prefill only from what interactive work left and at most the bulk chunk cap, except that
 aged bulk work is guaranteed its minimum share; with no interactive request in the engine
 (nor one recently: the caller's `policies.interactive_presence`), bulk prefill takes the whole
-budget (work-conserving, as plain vLLM). A step that runs an interactive prefill holds bulk
-decodes back too, unless bulk is aged or the step before did (`defers_bulk`). Pure: no vLLM,
-no clock (ages are passed in).
+budget (work-conserving, as plain vLLM). Pure: no vLLM, no clock (ages are passed in).
 """
 
 from __future__ import annotations
@@ -26,7 +24,7 @@ from typing import Any
 
 from policies.interactive_presence import DEFAULT_LINGER_S
 from policies.request_class import RequestClass
-from policies.step_budget import defers_bulk, plan_step_budget
+from policies.step_budget import plan_step_budget
 
 __all__ = [
     "StepComposition",
@@ -106,8 +104,6 @@ class StepComposition:
     interactive_prefill_tokens: int
     bulk_prefill_tokens: int
     bulk_aged: bool
-    # Whether this step leaves every bulk request out for an interactive prefill.
-    bulk_deferred: bool = False
 
 
 def _chunk(item: WorkItem, knobs: StepKnobs) -> int:
@@ -137,14 +133,12 @@ def compose_step(
     knobs: StepKnobs,
     *,
     interactive_present: bool | None = None,
-    bulk_deferred_last_step: bool = False,
 ) -> StepComposition:
     """Order, hold back and budget one step (see the module docstring).
 
     `interactive_present`: whether the bulk cap treats interactive work as present (the
     caller's `policies.interactive_presence`, which counts a recent request too); None: only
-    what is in the engine now. `bulk_deferred_last_step`: the last step's `bulk_deferred`
-    (policies/step_budget.py, `defers_bulk`: never two deferring steps in a row)."""
+    what is in the engine now."""
     inter, bulk = RequestClass.INTERACTIVE, RequestClass.BULK
     decodes = {
         c: [r for r in running if r.request_class is c and r.is_decode] for c in (inter, bulk)
@@ -153,22 +147,15 @@ def compose_step(
         c: [r for r in running if r.request_class is c and not r.is_decode] for c in (inter, bulk)
     }
     waiting_by = {c: [r for r in waiting if r.request_class is c] for c in (inter, bulk)}
+    decode_tokens = len(decodes[inter]) + len(decodes[bulk])
     demand = {c: sum(_chunk(r, knobs) for r in prefills[c] + waiting_by[c]) for c in (inter, bulk)}
     bulk_aged = any(r.age_s >= knobs.bulk_aging_s for r in prefills[bulk] + waiting_by[bulk])
-    bulk_deferred = defers_bulk(
-        interactive_prefill_pending=bool(prefills[inter] or waiting_by[inter]),
-        bulk_aged=bulk_aged,
-        deferred_last_step=bulk_deferred_last_step,
-    )
-    # A deferring step holds bulk decodes back as it holds prefills that sit a step out.
-    shown_bulk_decodes = [] if bulk_deferred else decodes[bulk]
-    decode_tokens = len(decodes[inter]) + len(shown_bulk_decodes)
     if interactive_present is None:
         interactive_present = interactive_in_engine(running, waiting)
     plan = plan_step_budget(
         step_token_budget=knobs.step_token_budget,
         interactive_decode_tokens=len(decodes[inter]),
-        bulk_decode_tokens=len(shown_bulk_decodes),
+        bulk_decode_tokens=len(decodes[bulk]),
         bulk_prefill_demand_tokens=demand[bulk],
         bulk_aged=bulk_aged,
         bulk_prefill_chunk_tokens=knobs.bulk_prefill_chunk_tokens,
@@ -178,9 +165,7 @@ def compose_step(
     left = max(0, knobs.step_token_budget - decode_tokens)
     inter_tokens = min(demand[inter], plan.interactive_prefill_limit_tokens)
     # With no interactive request in the engine the plan's cap is off (policies/step_budget.py).
-    bulk_tokens = (
-        0 if bulk_deferred else min(demand[bulk], plan.bulk_prefill_cap_tokens, left - inter_tokens)
-    )
+    bulk_tokens = min(demand[bulk], plan.bulk_prefill_cap_tokens, left - inter_tokens)
     # Running interactive prefills come first: only as many as their share covers.
     shown_inter = _admit_within(prefills[inter], inter_tokens, knobs)
     # NOTE: vLLM admits waiting requests only after it has walked `running`, so a running
@@ -191,10 +176,9 @@ def compose_step(
         shown_bulk = prefills[bulk][:whole_chunks]
     else:
         shown_bulk = _admit_within(prefills[bulk], bulk_tokens, knobs)
-    shown = {r.key for r in shown_inter + shown_bulk + shown_bulk_decodes}
-    sitting_out = prefills[inter] + prefills[bulk] + decodes[bulk]
-    held = frozenset(r.key for r in sitting_out if r.key not in shown)
-    order = decodes[inter] + shown_bulk_decodes + shown_inter + shown_bulk
+    shown = {r.key for r in shown_inter + shown_bulk}
+    held = frozenset(r.key for r in prefills[inter] + prefills[bulk] if r.key not in shown)
+    order = decodes[inter] + decodes[bulk] + shown_inter + shown_bulk
     return StepComposition(
         running_order=tuple(r.key for r in order),
         held_back=held,
@@ -205,7 +189,6 @@ def compose_step(
         interactive_prefill_tokens=inter_tokens,
         bulk_prefill_tokens=bulk_tokens,
         bulk_aged=bulk_aged,
-        bulk_deferred=bulk_deferred,
     )
 
 
