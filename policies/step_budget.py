@@ -12,8 +12,9 @@ A step that runs an interactive prefill carries no bulk prefill beyond that guar
 (`bulk_prefill_cap_after_interactive`): the chat's first token waits on exactly that step, and
 a bulk chunk beside it adds its whole cost to the chat's TTFT for a few tokens of bulk work
 (chats are short and few next to the backlog, so bulk loses a step's chunk now and then).
-Unless bulk is aged, such a step carries no bulk decodes either (`defers_bulk`), and never two
-steps in a row, so a flood of chats slows bulk decodes to every other step at worst.
+In the native engine, unless bulk is aged, such a step carries no bulk decodes either
+(`defers_bulk`), and never two steps in a row, so a flood of chats slows bulk decodes to every
+other step at worst (the vLLM backend does not: docs/ARCHITECTURE.md, "Scheduling model").
 """
 
 from __future__ import annotations

@@ -135,9 +135,12 @@ async def paired_ttft_ms(server_url: str, model_dir: Path, chats: int) -> Paired
                 # Kept as triples (index i is one prompt on all three), so that per-chat
                 # differences can be taken. Greedy on the same model: a chat whose text is
                 # held back on one path is held back on the others too.
-                if index < WARMUP_CHATS or raw_ms is None or httpx_ms is None:
-                    continue
-                if direct_ms is not None:
+                if (
+                    index >= WARMUP_CHATS
+                    and raw_ms is not None
+                    and httpx_ms is not None
+                    and direct_ms is not None
+                ):
                     result.gateway_raw_ms.append(raw_ms)
                     result.gateway_httpx_ms.append(httpx_ms)
                     result.direct_ms.append(direct_ms)
