@@ -56,6 +56,5 @@ def test_bench_gateway_writes_every_field(redis_server: str, tmp_path: Path) -> 
             assert result[name][q] == pytest.approx(expected), (name, q)
     config = result["config"]
     assert (config["admissions"], config["concurrency"], config["chats"]) == (50, 8, 5)
-    assert config["chats_timed_gateway"] > 0
-    # Taken in turns on the same prompts (greedy, same model): both sides time the same chats.
-    assert config["chats_timed_gateway"] == config["chats_timed_engine"]
+    # Timed chats leave out the warm-up ones and any with no visible text on a path.
+    assert 0 < config["chats_timed"] <= 5
