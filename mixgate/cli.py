@@ -165,6 +165,13 @@ def _add_bench(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
         help="decode-sized calls (<= 64 rows, weights <= 64 MiB): the engine's C loop (its "
         "default where it builds), or oneDNN for every call",
     )
+    engine.add_argument(
+        "--decode-forward",
+        choices=("fused", "layers"),
+        default="fused",
+        help="pure-decode steps on CPU (fp32, the C kernels above): every layer in one C call "
+        "(the engine's default where it runs), or layer by layer from Python",
+    )
     engine.add_argument("--json", default=None, help="write results here")
     engine.add_argument(
         "--bandwidth-matrix-mb",

@@ -63,6 +63,10 @@ class EngineConfig:
     # H200 idle most of an 8B decode step), "off", or "eager" (the padded path without graphs,
     # on any device: tests).
     decode_graphs: str = "auto"
+    # CPU, fp32, where the C kernels above all run: a pure-decode step's whole forward in one C
+    # call (engine/model/kernels/decode_forward.py), the same kernels in the same order without
+    # the Python between them; False keeps the layer-by-layer forward.
+    fused_decode_forward: bool = True
     # CPU: a fresh engine's steps as fast as its later ones. The KV cache's pages are committed
     # ahead of use on a background thread (engine/model/kv_cache_memory.py: first touch of
     # fresh huge pages doubled a prefill step), and oneDNN's primitive for every weight shape

@@ -17,6 +17,7 @@ from engine.model.attention import (
 )
 from engine.model.config import ModelConfig
 from engine.model.decode_graphs import DecodeGraphs
+from engine.model.kernels.decode_forward import DecodeForward
 from engine.model.kernels.elementwise import ElementwiseKernels
 from engine.model.kernels.fused_elementwise_triton import triton_fused_elementwise
 from engine.model.kernels.fused_ops import fused_elementwise_kernel
@@ -63,6 +64,7 @@ class ModelRunner:
         fused_elementwise: bool = True,
         small_linear_kernel: bool = True,
         decode_graphs: str = "auto",
+        fused_decode_forward: bool = True,
         populate_kv_cache: bool = False,
     ):
         config = model.config
@@ -127,6 +129,20 @@ class ModelRunner:
                 decode_kernel=self.decode_kernel,
             )
         )
+        # Pure-decode steps' whole forward in one C call where the layers run on the C kernels
+        # (engine/model/kernels/decode_forward.py: the per-layer Python between them was most
+        # of a decode step's fixed cost); `fused_decode_forward=False` keeps the layers.
+        self.decode_forward = (
+            DecodeForward.for_model(
+                model,
+                self.kv_cache,
+                self.skinny_linear,
+                self.decode_kernel,
+                self.fused_elementwise,
+            )
+            if fused_decode_forward and self.decode_graphs is None
+            else None
+        )
 
     def wait_kv_cache_committed(self) -> None:
         """Block until the background commit of the KV cache's pages is done (no-op without
@@ -156,6 +172,20 @@ class ModelRunner:
                 if inputs.sample_rows is not None:
                     all_logits = all_logits.index_select(0, inputs.sample_rows)
                 return self._sample(inputs, all_logits)
+        if self.decode_forward is not None and inputs.all_single:
+            hidden = self.decode_forward.hidden(
+                inputs.input_ids,
+                inputs.positions,
+                inputs.slot_mapping,
+                self.inputs.block_tables.table.index_select(0, inputs.rows)[
+                    :, : -(-chunks[-1].end_pos // self.block_size)
+                ],
+                inputs.context_lens,
+            )
+            if hidden is not None:
+                if inputs.sample_rows is not None:
+                    hidden = hidden.index_select(0, inputs.sample_rows)
+                return self._sample(inputs, self.model.compute_logits(hidden))
         meta = self._metadata(chunks, inputs)
         attention = PagedAttention(self.kv_cache, meta, self.gather_buffers, self.decode_kernel)
         hidden = self.model(inputs.input_ids, inputs.positions, attention)

@@ -81,6 +81,9 @@ class Settings:
     # Decode-sized calls of small fp32 weights through the native engine's own C loop instead of
     # oneDNN (CPU); false keeps oneDNN.
     small_linear_kernel: bool = True
+    # The native engine's pure-decode steps on CPU (fp32, the C kernels above) as one C call for
+    # every layer instead of one Python call per layer and kernel; false keeps the layers.
+    fused_decode_forward: bool = True
     # The native engine's pure-decode steps as CUDA graphs: "auto" (on CUDA), "off".
     decode_graphs: str = "auto"
     # The native engine's first steps as fast as its later ones (EngineConfig.prewarm: the CPU KV
@@ -190,6 +193,7 @@ _BOOLS = {
     "paged_attention_kernel",
     "fused_elementwise_kernels",
     "small_linear_kernel",
+    "fused_decode_forward",
     "prewarm",
 }
 _INTS = {

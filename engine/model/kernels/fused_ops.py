@@ -42,6 +42,16 @@ class FusedElementwise:
         rotary.restype = None
         self._norm, self._silu_mul, self._rotary = norm, silu_mul, rotary
 
+    def entry_addresses(self) -> tuple[int, int, int]:
+        """The C entry points' addresses (norm, SiLU * up, rotary) for
+        engine/model/kernels/decode_forward.c, which calls the same functions."""
+        addresses = tuple(
+            ctypes.cast(fn, ctypes.c_void_p).value
+            for fn in (self._norm, self._silu_mul, self._rotary)
+        )
+        assert all(a is not None for a in addresses)
+        return addresses  # type: ignore[return-value]
+
     @staticmethod
     def applies_to(x: torch.Tensor) -> bool:
         return x.dtype == torch.float32 and x.device.type == "cpu"

@@ -44,6 +44,12 @@ class PagedDecodeKernel:
             fn.restype = ctypes.c_int
             self._fns[dtype] = fn
 
+    def entry_address(self, dtype: torch.dtype) -> int | None:
+        """The C entry point's address for a `dtype` cache (engine/model/kernels/
+        decode_forward.c calls it), or None where there is none."""
+        fn = self._fns.get(dtype)
+        return None if fn is None else ctypes.cast(fn, ctypes.c_void_p).value
+
     @staticmethod
     def supports(heads: int, kv_heads: int, head_dim: int) -> bool:
         if kv_heads < 1 or heads % kv_heads:

@@ -45,6 +45,13 @@ class SkinnyLinear:
         fn.restype = ctypes.c_int
         self._fn = fn
 
+    @property
+    def entry_address(self) -> int:
+        """The C entry point's address (engine/model/kernels/decode_forward.c calls it)."""
+        address = ctypes.cast(self._fn, ctypes.c_void_p).value
+        assert address is not None
+        return address
+
     @staticmethod
     def takes(weight: torch.Tensor) -> bool:
         """Whether a weight is one this kernel takes (fp32, CPU, at most MAX_WEIGHT_BYTES)."""
