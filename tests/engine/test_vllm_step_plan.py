@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from engine.backends.vllm.args import engine_kwargs
@@ -95,6 +97,32 @@ def test_a_chat_arriving_behind_many_bulk_requests_is_prefilled_in_the_next_step
     assert plan.bulk_prefill_tokens <= KNOBS.bulk_prefill_chunk_tokens
 
 
+def test_under_mixgate_a_chat_prompt_takes_the_budget_left_in_one_step() -> None:
+    # As engine_kwargs sets them for the mixgate policy: one request's chunk is the whole budget.
+    knobs = knobs_from_config(
+        engine_kwargs(
+            Path("m"),
+            EngineConfig(step_token_budget=512, bulk_prefill_chunk_tokens=128),
+            max_model_len=4096,
+        )["additional_config"]
+    )
+    assert knobs.prefill_chunk_tokens == 512
+    running = [item(k, BULK, 1) for k in range(32)] + [item(40 + k, BULK, 900) for k in range(4)]
+    chat = item(999, INTER, 706)
+    waiting_plan = compose_step(running, [chat], knobs)
+    # The waiting chat gets all that the 32 decodes leave (480 of its 706 tokens), not a
+    # 128-token chunk; no running bulk prefill walks before it and eats that budget.
+    assert waiting_plan.interactive_prefill_tokens == 512 - 32
+    assert waiting_plan.bulk_prefill_tokens == 0
+    assert waiting_plan.token_budget == 512
+    assert set(waiting_plan.running_order) == set(range(32))
+    # Once running, the chat's rest goes in the next step, and bulk prefill keeps its cap.
+    rest = compose_step([*running, item(999, INTER, 226)], [], knobs)
+    assert rest.interactive_prefill_tokens == 226
+    assert rest.bulk_prefill_tokens == 128
+    assert rest.running_order[:32] == tuple(range(32)) and 999 in rest.running_order
+
+
 def test_interactive_prefill_takes_the_budget_before_fresh_bulk() -> None:
     running = [item(0, BULK, 600), item(1, INTER, 300)]
     plan = compose_step(running, [], KNOBS)
@@ -143,7 +171,9 @@ def test_the_envelope_maps_onto_vllm_arguments(policy: str, tmp_path: object) ->
         assert kwargs["max_num_seqs"] == 8
         assert "max_num_active_seqs" not in kwargs
     assert kwargs["max_num_batched_tokens"] == 96
-    assert kwargs["long_prefill_token_threshold"] == 24
+    # One request's chunk: under mixgate the whole budget (the class-aware scheduler caps bulk
+    # prefill itself, and a chat's prompt is not cut into bulk-sized chunks); else the bulk chunk.
+    assert kwargs["long_prefill_token_threshold"] == (96 if policy == "mixgate" else 24)
     assert kwargs["kv_cache_memory_bytes"] == 1 << 24
     assert kwargs["scheduling_policy"] == ("fcfs" if policy == "fcfs" else "priority")
     assert ("scheduler_cls" in kwargs) is (policy == "mixgate")
