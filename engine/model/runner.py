@@ -17,6 +17,7 @@ from engine.model.attention import (
 )
 from engine.model.config import ModelConfig
 from engine.model.decode_graphs import DecodeGraphs
+from engine.model.kernels.decode_forward import MAX_ROWS as DECODE_FORWARD_MAX_ROWS
 from engine.model.kernels.decode_forward import DecodeForward
 from engine.model.kernels.elementwise import ElementwiseKernels
 from engine.model.kernels.fused_elementwise_triton import triton_fused_elementwise
@@ -172,7 +173,11 @@ class ModelRunner:
                 if inputs.sample_rows is not None:
                     all_logits = all_logits.index_select(0, inputs.sample_rows)
                 return self._sample(inputs, all_logits)
-        if self.decode_forward is not None and inputs.all_single:
+        if (
+            self.decode_forward is not None
+            and inputs.all_single
+            and len(chunks) <= DECODE_FORWARD_MAX_ROWS
+        ):
             hidden = self.decode_forward.hidden(
                 inputs.input_ids,
                 inputs.positions,

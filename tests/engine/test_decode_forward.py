@@ -104,13 +104,12 @@ def test_a_decode_batch_past_the_c_limit_runs_layer_by_layer(tiny_model_dir: Pat
     engine = _engine(tiny_model_dir, True, max_active_seqs=MAX_ROWS + 6)
     forward = engine.runner.decode_forward
     assert forward is not None
-    answered: list[tuple[int, bool]] = []  # (rows asked for, whether the C side ran them)
+    asked: list[int] = []  # rows of each step handed to the C side
     hidden = forward.hidden
 
     def recording(input_ids: torch.Tensor, *rest: torch.Tensor) -> torch.Tensor | None:
-        out = hidden(input_ids, *rest)
-        answered.append((input_ids.shape[0], out is not None))
-        return out
+        asked.append(input_ids.shape[0])
+        return hidden(input_ids, *rest)
 
     forward.hidden = recording  # type: ignore[method-assign]
     layers = _engine(tiny_model_dir, False, max_active_seqs=MAX_ROWS + 6)
@@ -121,9 +120,19 @@ def test_a_decode_batch_past_the_c_limit_runs_layer_by_layer(tiny_model_dir: Pat
     assert all(torch.equal(a, b) for a, b in zip(got, want, strict=True))
     # Pure decodes of every request at once, past the C side's limit, went layer by layer;
     # the smaller ones, as the requests finished, through the C side.
-    assert any(rows > MAX_ROWS for rows, _ in answered)
-    assert all(ran == (rows <= MAX_ROWS) for rows, ran in answered)
-    assert any(ran for _, ran in answered)
+    pure_decodes = [
+        record.tokens_of("decode")
+        for record in engine.history.records
+        if not record.tokens_of("prefill")
+    ]
+    assert max(pure_decodes) > MAX_ROWS
+    assert asked and max(asked) <= MAX_ROWS
+    assert len(asked) == sum(1 for rows in pure_decodes if rows <= MAX_ROWS)
+    # Asked directly, it refuses such a batch (its scratch holds MAX_ROWS rows).
+    rows = MAX_ROWS + 1
+    ids = torch.zeros(rows, dtype=torch.long)
+    tables = torch.zeros(rows, 1, dtype=torch.long)
+    assert hidden(ids, ids, ids, tables, torch.ones(rows, dtype=torch.long)) is None
 
 
 def test_it_is_off_where_the_layers_do_not_run_on_the_c_kernels(tiny_model_dir: Path) -> None:

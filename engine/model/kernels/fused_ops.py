@@ -45,12 +45,12 @@ class FusedElementwise:
     def entry_addresses(self) -> tuple[int, int, int]:
         """The C entry points' addresses (norm, SiLU * up, rotary) for
         engine/model/kernels/decode_forward.c, which calls the same functions."""
-        addresses = tuple(
+        norm, silu_mul, rotary = (
             ctypes.cast(fn, ctypes.c_void_p).value
             for fn in (self._norm, self._silu_mul, self._rotary)
         )
-        assert all(a is not None for a in addresses)
-        return addresses  # type: ignore[return-value]
+        assert norm is not None and silu_mul is not None and rotary is not None
+        return norm, silu_mul, rotary
 
     @staticmethod
     def applies_to(x: torch.Tensor) -> bool:
