@@ -20,7 +20,7 @@ from typing import Any
 
 import httpx
 
-from bench.load.client import ShardedClient
+from bench.load.client import ShardedClient, warm_up
 from bench.load.drive import LoadDriver, sample_loop
 from bench.load.http_clients import HttpSender, Recorder
 from bench.load.metrics_sampler import parse_metrics
@@ -121,6 +121,7 @@ async def run_load(
     )
     try:
         async with ShardedClient(base_url, headers=headers, timeout=CLIENT_TIMEOUT) as client:
+            await warm_up(client)
             t0 = clock()
             sender = sender_class(
                 client,

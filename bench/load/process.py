@@ -38,7 +38,7 @@ from typing import Any
 
 import httpx
 
-from bench.load.client import ShardedClient
+from bench.load.client import ShardedClient, warm_up
 from bench.load.drive import LoadDriver
 from bench.load.http_clients import HttpSender, Recorder, RecordListener
 from bench.load.records import RequestRecord
@@ -259,6 +259,7 @@ class _Relay:
 
 async def _child(conn: Connection, spec: PartSpec) -> None:
     async with ShardedClient(spec.base_url, headers=spec.headers, timeout=CLIENT_TIMEOUT) as client:
+        await warm_up(client)
         conn.send(("ready",))
         # Blocking on purpose: nothing runs on this loop before the go.
         kind, t0 = conn.recv()

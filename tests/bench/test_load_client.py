@@ -17,7 +17,7 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
 from bench.live.processes import free_port
-from bench.load.client import ShardedClient
+from bench.load.client import ShardedClient, warm_up
 
 TIMEOUT = httpx.Timeout(10.0, pool=None)
 HELD = 100
@@ -31,6 +31,8 @@ class HoldingServer:
         self.inside = 0
         self.all_in = asyncio.Event()
         self.release = asyncio.Event()
+        # (path, client port) of every /v1/models and /ping request, in arrival order.
+        self.seen: list[tuple[str, int]] = []
 
     async def hold(self, request: Request) -> Response:
         self.inside += 1
@@ -40,6 +42,8 @@ class HoldingServer:
         return JSONResponse({"inside": self.inside})
 
     async def ping(self, request: Request) -> Response:
+        assert request.client is not None
+        self.seen.append((request.url.path, request.client.port))
         return JSONResponse({"ok": True})
 
     async def stream(self, request: Request) -> Response:
@@ -54,6 +58,7 @@ class HoldingServer:
             routes=[
                 Route("/hold", self.hold),
                 Route("/ping", self.ping, methods=["GET", "POST", "DELETE"]),
+                Route("/v1/models", self.ping),
                 Route("/stream", self.stream, methods=["POST"]),
             ]
         )
@@ -129,6 +134,30 @@ async def test_stream_holds_its_lease_until_the_block_ends(
         assert client.in_flight == [0, 0]
     with pytest.raises(RuntimeError, match="closed"):
         await client.get("/ping")
+
+
+@pytest.mark.anyio
+@pytest.mark.timeout(60)
+async def test_the_warm_up_opens_the_connection_the_first_measured_request_uses(
+    served: tuple[HoldingServer, str],
+) -> None:
+    holding, url = served
+    async with ShardedClient(url, timeout=TIMEOUT, shard_requests=SHARD) as client:
+        await warm_up(client)
+        assert (await client.post("/ping")).status_code == 200
+    # One unmeasured GET /v1/models, then the measured request on the same connection (the
+    # same client port): it opened none of its own.
+    assert [path for path, _ in holding.seen] == ["/v1/models", "/ping"]
+    assert holding.seen[0][1] == holding.seen[1][1]
+
+
+@pytest.mark.anyio
+@pytest.mark.timeout(60)
+async def test_a_warm_up_that_finds_no_server_leaves_it_to_the_measured_requests() -> None:
+    async with ShardedClient(f"http://127.0.0.1:{free_port()}", timeout=TIMEOUT) as client:
+        await warm_up(client)  # connection refused: swallowed, nothing measured yet
+        with pytest.raises(httpx.ConnectError):
+            await client.get("/ping")
 
 
 def test_shard_bound_must_be_positive() -> None:
