@@ -204,7 +204,11 @@ def test_cancel_mid_batch_keeps_finished_lines(
 ) -> None:
     oc = client(server, closer)
     model = model_of(oc)
-    lines = [line(model, f"c{i}", f"count {i}", 160, ignore_eos=True) for i in range(40)]
+    # Two one-token lines first, then 38 of 900 tokens: the cancel lands once the short two are
+    # done, while every long line still has ~900 decode steps to go (a count of steps, not a
+    # time: with 40 equal lines a fast engine finished them all before the cancel arrived).
+    max_tokens = {f"c{i}": 1 if i < 2 else 900 for i in range(40)}
+    lines = [line(model, cid, f"count {cid}", n, ignore_eos=True) for cid, n in max_tokens.items()]
     batch = submit(oc, lines)
     wait_batch(oc, batch.id, until=lambda b: b.request_counts.completed >= 2)
     assert oc.batches.cancel(batch.id).status in ("cancelling", "cancelled")
@@ -214,7 +218,10 @@ def test_cancel_mid_batch_keeps_finished_lines(
     assert 2 <= len(finished) == done.request_counts.completed < 40
     assert len(skipped) == done.request_counts.failed == 40 - len(finished)
     assert {r["error"]["code"] for r in skipped} == {"batch_cancelled"}
-    assert all(r["response"]["body"]["usage"]["completion_tokens"] == 160 for r in finished)
+    assert all(
+        r["response"]["body"]["usage"]["completion_tokens"] == max_tokens[r["custom_id"]]
+        for r in finished
+    )
     ids = sorted(r["custom_id"] for r in finished + skipped)
     assert ids == sorted(f"c{i}" for i in range(40))
     with pytest.raises(openai.ConflictError):
