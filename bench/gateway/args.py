@@ -21,7 +21,13 @@ def add_gateway_bench_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--command-chats",
         type=int,
-        default=8,
+        default=32,
         help="streamed chats whose Redis commands are counted (the count is per chat)",
+    )
+    parser.add_argument(
+        "--command-idle-s",
+        type=float,
+        default=10.0,
+        help="idle window before the counted chats: the replica's own rate, subtracted",
     )
     parser.add_argument("--json", default=None, help="write results here")

@@ -32,6 +32,7 @@ def test_bench_gateway_writes_every_field(redis_server: str, tmp_path: Path) -> 
     argv = ["bench", "gateway", "--redis-url", redis_server, "--admissions", "50"]
     argv += ["--concurrency", "8", "--chats", "5", "--json", str(out)]
     argv += ["--submissions", "40", "--polls", "80", "--connections", "4", "--command-chats", "2"]
+    argv += ["--command-idle-s", "1"]
     assert main(argv) == 0
     result = json.loads(out.read_text())
     assert result["admissions_per_s"] > 0
