@@ -76,6 +76,10 @@ class EngineConfig:
     prewarm: bool = False
     # torch intra-op threads; None leaves torch's default.
     num_threads: int | None = None
+    # The engine core process (engine/process/main.py) runs a step on fewer threads while
+    # other work holds the cores it spans (engine/process/thread_governor.py). Off here (an
+    # engine in a test's own process keeps its count); `mixgate serve` turns it on.
+    adapt_threads: bool = False
     # Seed for requests without their own seed.
     seed: int = 0
     # "mixgate" | "priority" | "fcfs" (policies/scheduling_policy.py): the presets compared.

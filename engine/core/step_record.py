@@ -42,6 +42,9 @@ class LoadSnapshot:
     decode_tokens_per_s: float | None
     total_preemptions: int
     steps: int
+    # Threads the engine core's steps run on now, where it adapts them to contention
+    # (engine/process/thread_governor.py); None where the count is fixed.
+    threads: int | None = None
 
 
 class StepHistory:

@@ -8,12 +8,15 @@ idle it blocks on its input socket. Nothing here touches HTTP or Redis.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import sys
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import torch
 import zmq
 
 from engine.core.config import EngineConfig
@@ -34,7 +37,10 @@ from engine.process.messages import (
 )
 from engine.process.parent_death import die_with_parent, parent_alive
 from engine.process.startup_heap import freeze_startup_heap
+from engine.process.thread_governor import ThreadGovernor
 
+# Steps with fewer scheduled tokens do not feed the thread governor (EngineCore._step).
+JUDGED_STEP_MIN_TOKENS = 64
 # While idle, wake this often to check that the parent is still there (pdeathsig's backup).
 IDLE_POLL_MS = 1000
 
@@ -61,6 +67,10 @@ class EngineCore:
         self._inputs = inputs
         self._outputs = outputs
         self._parent_pid = os.getppid()
+        # Fewer threads while other work holds the cores (EngineConfig.adapt_threads).
+        self.governor = (
+            ThreadGovernor(torch.get_num_threads()) if engine.config.adapt_threads else None
+        )
 
     def ready(self) -> None:
         engine = self.engine
@@ -89,17 +99,45 @@ class EngineCore:
             outputs = pending.outputs
             stepped = engine.has_unfinished_requests()
             if stepped:
-                outputs = outputs + engine.step()
+                outputs = outputs + self._step()
             if not (stepped or outputs or pending.rejections):
                 continue
             new_steps = engine.history.total_steps - steps_before
             # NOTE: from the deque's end (O(new_steps)), not a copy of the whole window per step.
             history = engine.history.records
             records = [history[-i] for i in range(min(new_steps, len(history)), 0, -1)]
-            message = StepOutputs(outputs, pending.rejections, engine.load(), records)
+            load = engine.load()
+            if self.governor is not None:
+                load = dataclasses.replace(load, threads=self.governor.threads)
+            message = StepOutputs(outputs, pending.rejections, load, records)
             self._outputs.send(output_encoder.encode(message))
             # Or the message waits for the next step to end (engine/process/io_handoff.py).
             yield_to_io_thread()
+
+    def _step(self) -> list[RequestOutput]:
+        governor = self.governor
+        if governor is None:
+            return self.engine.step()
+        if torch.get_num_threads() != governor.threads:
+            # Every kernel reads the count per call (torch.get_num_threads()).
+            torch.set_num_threads(governor.threads)
+        # Process CPU time: every thread of this process (the step's, and zmq's I/O thread,
+        # which is idle during a step).
+        steps_before = self.engine.history.total_steps
+        wall_s, cpu_s = time.perf_counter(), time.process_time()
+        outputs = self.engine.step()
+        now_s = time.perf_counter()
+        records = self.engine.history.records
+        # Only steps with work for every thread are judged: a step of a few decodes is mostly
+        # this thread's Python (the others wait), so its share reads low on idle cores too
+        # (0.4-0.6 for B=1 decodes of `small` with chats alone).
+        if (
+            self.engine.history.total_steps > steps_before
+            and records
+            and records[-1].num_tokens >= JUDGED_STEP_MIN_TOKENS
+        ):
+            governor.record(now_s, time.process_time() - cpu_s, now_s - wall_s)
+        return outputs
 
     def _take_inputs(self, *, block: bool) -> _Pending | None:
         pending = _Pending()

@@ -169,6 +169,12 @@ class _StateCollector(Collector):
             yield GaugeMetricFamily(
                 "mixgate_step_seconds", "Median recent step time", value=load.recent_step_s
             )
+        if load.threads is not None:
+            yield GaugeMetricFamily(
+                "mixgate_engine_threads",
+                "Threads the engine core's steps run on now (fewer while its cores are busy)",
+                value=load.threads,
+            )
 
 
 # Step records pushed by engines that run in their own process (engine.process.client's step

@@ -60,6 +60,7 @@ def engine_config(envelope: Envelope, settings: Settings) -> EngineConfig:
         dtype=settings.dtype,
         device=settings.device,
         num_threads=settings.num_threads,
+        adapt_threads=settings.adapt_threads,
         scheduling_policy=settings.policy,
         paged_attention_kernel=settings.paged_attention_kernel,
         fused_elementwise_kernels=settings.fused_elementwise_kernels,

@@ -84,6 +84,10 @@ class Settings:
     # The native engine's pure-decode steps on CPU (fp32, the C kernels above) as one C call for
     # every layer instead of one Python call per layer and kernel; false keeps the layers.
     fused_decode_forward: bool = True
+    # The native engine's core process runs a step on fewer threads while other work (this
+    # gateway, tokenizers, clients on the same machine) holds its cores (EngineConfig.
+    # adapt_threads); false keeps num_threads for every step.
+    adapt_threads: bool = True
     # The native engine's pure-decode steps as CUDA graphs: "auto" (on CUDA), "off".
     decode_graphs: str = "auto"
     # The native engine's first steps as fast as its later ones (EngineConfig.prewarm: the CPU KV
@@ -194,6 +198,7 @@ _BOOLS = {
     "fused_elementwise_kernels",
     "small_linear_kernel",
     "fused_decode_forward",
+    "adapt_threads",
     "prewarm",
 }
 _INTS = {

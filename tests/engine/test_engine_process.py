@@ -5,6 +5,7 @@ complete exactly once after a restart). Real processes, real Redis."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import os
 import signal
 import tempfile
@@ -45,8 +46,10 @@ LONG = SamplingParams(max_tokens=900, temperature=0.0, ignore_eos=True)
 
 
 @asynccontextmanager
-async def core_client(model_dir: Path) -> AsyncIterator[EngineCoreClient]:
-    client = EngineCoreClient(model_dir, CONFIG)
+async def core_client(
+    model_dir: Path, config: EngineConfig = CONFIG
+) -> AsyncIterator[EngineCoreClient]:
+    client = EngineCoreClient(model_dir, config)
     await client.start()
     try:
         yield client
@@ -88,6 +91,31 @@ async def test_greedy_outputs_equal_the_in_thread_engines(tiny_model_dir: Path) 
     assert got == expected and all(len(t) == GREEDY.max_tokens for t in got)
     # The load snapshot rode on the step messages: every block is free again.
     assert load.steps > 0 and load.num_free_blocks == CONFIG.num_kv_blocks
+    # A fixed thread count is not reported as an adapted one.
+    assert load.threads is None
+
+
+@pytest.mark.anyio
+async def test_an_engine_core_adapting_its_threads_says_how_many_and_keeps_the_tokens(
+    tiny_model_dir: Path,
+) -> None:
+    # How many it picks depends on this machine's load; that it reports a count it may run
+    # on, and that the tokens are the fixed count's (test_step_thread_count.py: the same bits
+    # on any count), do not.
+    config = dataclasses.replace(CONFIG, num_threads=2)
+    in_thread = AsyncEngine(LLMEngine(tiny_model_dir, config))
+    await in_thread.start()
+    try:
+        expected = await asyncio.gather(*(_tokens(in_thread, r) for r in _requests()))
+    finally:
+        await in_thread.stop()
+    async with core_client(
+        tiny_model_dir, dataclasses.replace(config, adapt_threads=True)
+    ) as client:
+        got = await asyncio.gather(*(_tokens(client, r) for r in _requests()))
+        load = client.load()
+    assert got == expected
+    assert load.threads in (1, 2)
 
 
 @pytest.mark.anyio

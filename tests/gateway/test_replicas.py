@@ -101,6 +101,8 @@ def test_disconnect_from_a_stops_the_work_on_b(cluster: Cluster) -> None:
     assert reader.first_token.wait(30) and reader.failure is None
     assert reader.job_id is not None, (reader.errors, reader.status)
     assert metric(cluster.b, "mixgate_engine_running", **{"class": "interactive"}) >= 1
+    # A served engine core adapts its threads and says how many it runs on (0: no sample).
+    assert metric(cluster.b, "mixgate_engine_threads") >= 1
     reader.stop_reading.set()
     reader.join(30)
     (fields,) = wait_terminal(cluster.redis, cluster.prefix, [reader.job_id], 15).values()
