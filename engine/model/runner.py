@@ -166,13 +166,11 @@ class ModelRunner:
                 inputs.positions,
                 inputs.slot_mapping,
                 inputs.context_lens,
-                self.inputs.block_tables.table.index_select(0, inputs.rows),
+                self._table_rows(inputs.rows),
                 width_blocks,
             )
             if all_logits is not None:
-                if inputs.sample_rows is not None:
-                    all_logits = all_logits.index_select(0, inputs.sample_rows)
-                return self._sample(inputs, all_logits)
+                return self._sample(inputs, _sampling_rows(inputs, all_logits))
         if (
             self.decode_forward is not None
             and inputs.all_single
@@ -182,23 +180,28 @@ class ModelRunner:
                 inputs.input_ids,
                 inputs.positions,
                 inputs.slot_mapping,
-                self.inputs.block_tables.table.index_select(0, inputs.rows)[
-                    :, : -(-chunks[-1].end_pos // self.block_size)
-                ],
+                self._table_rows(inputs.rows, -(-chunks[-1].end_pos // self.block_size)),
                 inputs.context_lens,
             )
             if hidden is not None:
-                if inputs.sample_rows is not None:
-                    hidden = hidden.index_select(0, inputs.sample_rows)
-                return self._sample(inputs, self.model.compute_logits(hidden))
+                return self._sample_hidden(inputs, hidden)
         meta = self._metadata(chunks, inputs)
         attention = PagedAttention(self.kv_cache, meta, self.gather_buffers, self.decode_kernel)
         hidden = self.model(inputs.input_ids, inputs.positions, attention)
+        return self._sample_hidden(inputs, hidden)
+
+    def _table_rows(self, rows: torch.Tensor, width_blocks: int | None = None) -> torch.Tensor:
+        """The block-table rows of a step's decodes (`rows`, the step's row ids in chunk
+        order), cut to their first `width_blocks` columns (all of them when None)."""
+        tables = self.inputs.block_tables.table.index_select(0, rows)
+        return tables if width_blocks is None else tables[:, :width_blocks]
+
+    def _sample_hidden(self, inputs: StepInputs, hidden: torch.Tensor) -> dict[str, int]:
+        """Logits of the rows that sample (only those: the LM head is the widest matmul of a
+        small model's step), then their tokens."""
         if not inputs.sampling_chunks:
             return {}
-        if inputs.sample_rows is not None:
-            hidden = hidden.index_select(0, inputs.sample_rows)
-        return self._sample(inputs, self.model.compute_logits(hidden))
+        return self._sample(inputs, self.model.compute_logits(_sampling_rows(inputs, hidden)))
 
     def _sample(self, inputs: StepInputs, logits: torch.Tensor) -> dict[str, int]:
         """The token of each chunk that samples, from its row of `logits`."""
@@ -233,7 +236,7 @@ class ModelRunner:
             end = start + group
             max_blocks = block_counts[end - 1]  # ascending context: the last is the longest
             # Contiguous once per step: every layer's gather flattens it (a view, not a copy).
-            tables = table.index_select(0, inputs.rows[start:end])[:, :max_blocks].contiguous()
+            tables = self._table_rows(inputs.rows[start:end], max_blocks).contiguous()
             lengths = inputs.context_lens[start:end]
             if kernel:
                 groups.append(DecodeGroup(start, end, tables, None, lengths))
@@ -261,6 +264,12 @@ class ModelRunner:
 
 
 DECODE_GRAPH_MODES = ("auto", "off", "eager")
+
+
+def _sampling_rows(inputs: StepInputs, rows: torch.Tensor) -> torch.Tensor:
+    """The rows of `rows` (one per token the step runs) that sample: each sampling chunk's last
+    token (all of them when every row samples)."""
+    return rows if inputs.sample_rows is None else rows.index_select(0, inputs.sample_rows)
 
 
 def _decode_graph_mode(mode: str, device: torch.device, config: ModelConfig) -> str:
