@@ -6,6 +6,7 @@ preemption and prefix sharing is test_engine_exactness.py's, which runs with it 
 from __future__ import annotations
 
 import random
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -38,9 +39,11 @@ def _hidden_states_by_step(
     seed: int,
     prompt_tokens: tuple[int, int] = (3, 40),
     max_tokens: tuple[int, int] = (4, 24),
+    before_step: Callable[[int], None] | None = None,
 ) -> list[torch.Tensor]:
     """Every step's final hidden states (what the logits are computed from), in step order,
-    for `requests` greedy requests of mixed lengths (uniform in the ranges) run to completion."""
+    for `requests` greedy requests of mixed lengths (uniform in the ranges) run to completion;
+    `before_step(i)` runs before step i."""
     seen: list[torch.Tensor] = []
     compute_logits = engine.runner.model.compute_logits
 
@@ -56,8 +59,12 @@ def _hidden_states_by_step(
             max_tokens=rng.randint(*max_tokens), temperature=0.0, ignore_eos=True
         )
         engine.add_request(GenerationRequest(f"req-{index}", prompt, params))
+    step = 0
     while engine.has_unfinished_requests():
+        if before_step is not None:
+            before_step(step)
         engine.step()
+        step += 1
     return seen
 
 

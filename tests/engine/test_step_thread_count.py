@@ -5,7 +5,6 @@ through the C decode forward and through the layers."""
 
 from __future__ import annotations
 
-import random
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -14,8 +13,7 @@ import torch
 
 from engine.core.config import EngineConfig
 from engine.core.llm_engine import LLMEngine
-from engine.core.request import GenerationRequest
-from engine.core.sampling_params import SamplingParams
+from tests.engine.test_decode_forward import _hidden_states_by_step
 
 
 @pytest.fixture
@@ -37,26 +35,14 @@ def _hidden_states(model_dir: Path, threads_of_step: list[int], fused: bool) -> 
         num_threads=2,
         fused_decode_forward=fused,
     )
-    engine = LLMEngine(model_dir, config)
-    seen: list[torch.Tensor] = []
-    compute_logits = engine.runner.model.compute_logits
 
-    def recording(hidden: torch.Tensor) -> torch.Tensor:
-        seen.append(hidden.clone())
-        return compute_logits(hidden)
-
-    engine.runner.model.compute_logits = recording  # type: ignore[method-assign]
-    rng = random.Random(7)
-    for index in range(10):
-        prompt = [rng.randrange(3, 250) for _ in range(rng.randint(3, 90))]
-        params = SamplingParams(max_tokens=rng.randint(4, 20), temperature=0.0, ignore_eos=True)
-        engine.add_request(GenerationRequest(f"req-{index}", prompt, params))
-    step = 0
-    while engine.has_unfinished_requests():
+    def set_threads(step: int) -> None:
         torch.set_num_threads(threads_of_step[step % len(threads_of_step)])
-        engine.step()
-        step += 1
-    return seen
+
+    engine = LLMEngine(model_dir, config)
+    return _hidden_states_by_step(
+        engine, 10, seed=7, prompt_tokens=(3, 90), max_tokens=(4, 20), before_step=set_threads
+    )
 
 
 @pytest.mark.parametrize("fused", [True, False], ids=["c-forward", "layers"])
