@@ -39,8 +39,6 @@ from engine.process.parent_death import die_with_parent, parent_alive
 from engine.process.startup_heap import freeze_startup_heap
 from engine.process.thread_governor import ThreadGovernor
 
-# Steps with fewer scheduled tokens do not feed the thread governor (EngineCore._step).
-JUDGED_STEP_MIN_TOKENS = 64
 # While idle, wake this often to check that the parent is still there (pdeathsig's backup).
 IDLE_POLL_MS = 1000
 
@@ -98,8 +96,10 @@ class EngineCore:
             steps_before = engine.history.total_steps
             outputs = pending.outputs
             stepped = engine.has_unfinished_requests()
+            timing: tuple[float, float, float] | None = None
             if stepped:
-                outputs = outputs + self._step()
+                stepped_outputs, timing = self._step()
+                outputs = outputs + stepped_outputs
             if not (stepped or outputs or pending.rejections):
                 continue
             new_steps = engine.history.total_steps - steps_before
@@ -108,36 +108,29 @@ class EngineCore:
             records = [history[-i] for i in range(min(new_steps, len(history)), 0, -1)]
             load = engine.load()
             if self.governor is not None:
+                if timing is not None and records:
+                    self.governor.record(*timing, records[-1].num_tokens)
                 load = dataclasses.replace(load, threads=self.governor.threads)
             message = StepOutputs(outputs, pending.rejections, load, records)
             self._outputs.send(output_encoder.encode(message))
             # Or the message waits for the next step to end (engine/process/io_handoff.py).
             yield_to_io_thread()
 
-    def _step(self) -> list[RequestOutput]:
+    def _step(self) -> tuple[list[RequestOutput], tuple[float, float, float] | None]:
+        """The step's outputs and, where the governor adapts threads, its (end, process CPU,
+        wall) seconds, handed to the governor beside the step's record."""
         governor = self.governor
         if governor is None:
-            return self.engine.step()
+            return self.engine.step(), None
         if torch.get_num_threads() != governor.threads:
             # Every kernel reads the count per call (torch.get_num_threads()).
             torch.set_num_threads(governor.threads)
         # Process CPU time: every thread of this process (the step's, and zmq's I/O thread,
         # which is idle during a step).
-        steps_before = self.engine.history.total_steps
         wall_s, cpu_s = time.perf_counter(), time.process_time()
         outputs = self.engine.step()
         now_s = time.perf_counter()
-        records = self.engine.history.records
-        # Only steps with work for every thread are judged: a step of a few decodes is mostly
-        # this thread's Python (the others wait), so its share reads low on idle cores too
-        # (0.4-0.6 for B=1 decodes of `small` with chats alone).
-        if (
-            self.engine.history.total_steps > steps_before
-            and records
-            and records[-1].num_tokens >= JUDGED_STEP_MIN_TOKENS
-        ):
-            governor.record(now_s, time.process_time() - cpu_s, now_s - wall_s)
-        return outputs
+        return outputs, (now_s, time.process_time() - cpu_s, now_s - wall_s)
 
     def _take_inputs(self, *, block: bool) -> _Pending | None:
         pending = _Pending()

@@ -42,6 +42,10 @@ class ThreadGovernorSettings:
     # How long after a drop it first tries one more thread; doubled after each failed try.
     first_retry_s: float = 0.25
     max_retry_s: float = 4.0
+    # Steps with fewer scheduled tokens are not judged: a step of a few decodes is mostly the
+    # main thread's Python (the others wait), so its share reads low on idle cores too
+    # (0.4-0.6 for B=1 decodes of `small` with chats alone).
+    min_judged_tokens: int = 64
 
     def __post_init__(self) -> None:
         if not 0.0 < self.contended_ratio < 1.0:
@@ -50,12 +54,15 @@ class ThreadGovernorSettings:
             raise ValueError("window_s and first_retry_s must be positive")
         if self.max_retry_s < self.first_retry_s:
             raise ValueError("max_retry_s must be >= first_retry_s")
+        if self.min_judged_tokens < 0:
+            raise ValueError("min_judged_tokens must be >= 0")
 
 
 class ThreadGovernor:
     """Threads for the next step, from the CPU share the last steps got.
 
-    `threads` is what the next step should run on; after it, `record(now_s, cpu_s, wall_s)`.
+    `threads` is what the next step should run on; after it,
+    `record(now_s, cpu_s, wall_s, tokens)`.
     """
 
     def __init__(self, max_threads: int, settings: ThreadGovernorSettings | None = None) -> None:
@@ -75,9 +82,10 @@ class ThreadGovernor:
         self.drops = 0
         self.tries = 0
 
-    def record(self, now_s: float, cpu_s: float, wall_s: float) -> None:
-        """One step ran on `self.threads` threads: `cpu_s` of process CPU in `wall_s`."""
-        if wall_s <= 0:
+    def record(self, now_s: float, cpu_s: float, wall_s: float, tokens: int) -> None:
+        """One step of `tokens` scheduled tokens ran on `self.threads` threads: `cpu_s` of
+        process CPU in `wall_s`."""
+        if wall_s <= 0 or tokens < self.settings.min_judged_tokens:
             return
         self._cpu_s += cpu_s
         self._wall_s += wall_s

@@ -11,6 +11,7 @@ SETTINGS = ThreadGovernorSettings(
     contended_ratio=0.5, window_s=0.02, first_retry_s=0.25, max_retry_s=1.0
 )
 STEP_S = 0.005  # four steps make a window
+STEP_TOKENS = 128  # enough work to be judged
 
 
 class Steps:
@@ -21,13 +22,13 @@ class Steps:
         self.now_s = 0.0
         self.threads_seen: list[int] = []
 
-    def run(self, count: int, share: float) -> None:
-        """`count` steps, each getting `share` of threads x wall as CPU."""
+    def run(self, count: int, share: float, tokens: int = STEP_TOKENS) -> None:
+        """`count` steps of `tokens`, each getting `share` of threads x wall as CPU."""
         for _ in range(count):
             threads = self.governor.threads
             self.threads_seen.append(threads)
             self.now_s += STEP_S
-            self.governor.record(self.now_s, share * threads * STEP_S, STEP_S)
+            self.governor.record(self.now_s, share * threads * STEP_S, STEP_S, tokens)
 
     def idle(self, seconds: float) -> None:
         self.now_s += seconds
@@ -114,6 +115,15 @@ def test_it_climbs_back_one_thread_per_kept_try() -> None:
     assert steps.governor.tries == 2
 
 
+def test_steps_of_few_tokens_are_not_judged() -> None:
+    # A few decodes are mostly the main thread's Python: a low share there says nothing.
+    steps = Steps(ThreadGovernor(2, SETTINGS))
+    steps.run(100, share=0.4, tokens=SETTINGS.min_judged_tokens - 1)
+    assert steps.governor.threads == 2 and steps.governor.drops == 0
+    steps.run(4, share=0.4, tokens=SETTINGS.min_judged_tokens)
+    assert steps.governor.threads == 1
+
+
 def test_a_single_thread_engine_never_changes() -> None:
     steps = Steps(ThreadGovernor(1, SETTINGS))
     steps.run(100, share=0.2)
@@ -137,6 +147,7 @@ def test_an_idle_gap_does_not_count_as_a_step() -> None:
         {"window_s": 0.0},
         {"first_retry_s": 0.0},
         {"first_retry_s": 2.0, "max_retry_s": 1.0},
+        {"min_judged_tokens": -1},
     ],
 )
 def test_settings_out_of_range_are_refused(kwargs: dict[str, float]) -> None:
