@@ -13,6 +13,13 @@ vs oneDNN prepacked. `100m` (768 x 2304, 768 x 768, 768 x 6144, 3072 x 768; 37.7
 0.376 vs 0.155/0.181/0.304/0.445. The loop before this one (each 16-wide panel read whole per
 block of 8 rows, no prefetch) was no faster than oneDNN on 100m (32 rows: 3.98 ms) and so was
 kept to weights of 2 MiB. Hence: rows up to MAX_ROWS and weights up to MAX_WEIGHT_BYTES.
+
+NOTE: on a 2-vCPU AMD EPYC whose guest sees AVX2 and no AVX-512 (family 25 model 1), the
+16-float panels of the first version spilled their accumulators (a 16-float vector is two of
+AVX2's 16 registers): `mixgate bench engine --model <100m> --threads 2`, decode step B=1/8/16/32
+39.0/299.3/576.5/1164.9 ms, against 25.0/44.4/-/94.2 with `--small-linears onednn`. With the
+AVX2 blocking (8-float panels, 4 rows x 3 panels) 16.8/22.0/41.8/76.7 ms (1.09/1.25/1.64/1.50x
+the roofline estimate).
 """
 
 from __future__ import annotations
@@ -28,8 +35,6 @@ from engine.model.kernels.native_build import load_kernel_or_none
 __all__ = ["MAX_ROWS", "MAX_WEIGHT_BYTES", "SkinnyLinear", "skinny_linear_kernel"]
 
 _SOURCE = Path(__file__).with_name("skinny_linear.c")
-# The C file's PANEL: output features per contiguous panel of the packed weight.
-PANEL = 16
 # Where the kernel beat oneDNN in the NOTE above: up to 64 rows, at every weight size measured.
 MAX_ROWS = 64
 # The packed copy sits beside oneDNN's (prefill-sized calls keep oneDNN), so a weight's memory
@@ -44,6 +49,10 @@ class SkinnyLinear:
         fn.argtypes = [ptr, i64, ptr, ptr, ptr, i64, i64, i64, ctypes.c_int]
         fn.restype = ctypes.c_int
         self._fn = fn
+        # Output features per contiguous panel of the packed weight: the C file picks it for
+        # this CPU's vector registers (16 with AVX-512, else 8).
+        library.mixgate_skinny_panel.restype = ctypes.c_int
+        self.panel = int(library.mixgate_skinny_panel())
 
     @property
     def entry_address(self) -> int:
@@ -62,14 +71,14 @@ class SkinnyLinear:
             and weight.numel() * weight.element_size() <= MAX_WEIGHT_BYTES
         )
 
-    @staticmethod
-    def pack(weight: torch.Tensor) -> torch.Tensor:
-        """W [n, k] -> panels [ceil(n / PANEL), k, PANEL]: panel p holds outputs p*PANEL.. in
-        k-major order, zero rows padding n up to a multiple of PANEL."""
+    def pack(self, weight: torch.Tensor) -> torch.Tensor:
+        """W [n, k] -> panels [ceil(n / panel), k, panel]: panel p holds outputs p*panel.. in
+        k-major order, zero rows padding n up to a multiple of the panel."""
         n, k = weight.shape
-        padded = -(-n // PANEL) * PANEL
+        panel = self.panel
+        padded = -(-n // panel) * panel
         rows = torch.nn.functional.pad(weight.detach().float(), (0, 0, 0, padded - n))
-        return rows.view(padded // PANEL, PANEL, k).transpose(1, 2).contiguous()
+        return rows.view(padded // panel, panel, k).transpose(1, 2).contiguous()
 
     def matmul(
         self, x: torch.Tensor, panels: torch.Tensor, out_features: int, bias: torch.Tensor | None

@@ -11,12 +11,13 @@
  * packed[p][j][c] = W[p * PANEL + c][j] (n padded with zero rows up to a multiple of PANEL), so
  * one panel is one contiguous run of k * PANEL floats.
  *
- * Blocking: GROUP adjacent panels (48 outputs) are one unit of work. Their weights go through in
- * chunks of K_CHUNK inputs (12 KiB, L1-resident); every block of up to ROW_BLOCK rows takes
+ * Blocking: GROUP adjacent panels (48 outputs with AVX-512, 24 with AVX2) are one unit of work.
+ * Their weights go through in chunks of K_CHUNK inputs (12 or 6 KiB, L1-resident); every block of up to ROW_BLOCK rows takes
  * the chunk before the next is read, so each weight is read from memory once per call while the
  * memory stream never waits on the rows (a panel read whole for each row block left memory idle
- * while later blocks computed). 8 rows x 3 vectors = 24 accumulators in registers, fed by 3
- * weight loads and 8 broadcasts per input: the fused multiply-adds, not the loads, set the pace.
+ * while later blocks computed). ROW_BLOCK rows x 3 panels of accumulators in registers, fed by 3
+ * weight loads and ROW_BLOCK broadcasts per input: the fused multiply-adds, not the loads, set
+ * the pace.
  * Partial sums cross chunks in a small buffer, in fp32, unchanged.
  *
  * Each output is a sum over j in ascending order, the same for every row whatever the other
@@ -25,10 +26,22 @@
 #include <stdint.h>
 #include <string.h>
 
+/* The register block follows the vector registers this CPU has (-march=native). AVX-512: 32
+ * registers of 16 floats, so a panel is one register and 8 rows x 3 panels = 24 accumulators.
+ * Otherwise (AVX2: 16 registers of 8 floats) a panel of 16 is two registers and that block
+ * needs 48 accumulators: it spilled to memory on every multiply-add, and on a 2-vCPU AMD EPYC
+ * without AVX-512 a 100m decode step at B=8 took 299 ms against 44 ms through oneDNN. There,
+ * a panel of 8 and 4 rows x 3 panels: 12 accumulators, 3 weight vectors and a broadcast.
+ * engine/model/kernels/skinny.py packs with the PANEL this file reports. */
+#if defined(__AVX512F__)
 #define PANEL 16
+#define ROW_BLOCK 8
+#else
+#define PANEL 8
+#define ROW_BLOCK 4
+#endif
 #define GROUP 3
 #define GROUP_WIDTH (PANEL * GROUP)
-#define ROW_BLOCK 8
 #define K_CHUNK 64
 /* Rows whose partial sums one pass keeps (the buffer below); more rows take another pass. */
 #define ROW_PASS 32
@@ -73,12 +86,21 @@ static inline __attribute__((always_inline)) void block_chunk(
         case 1: block_chunk(x, x_stride, panels, j0, j1, sums, first, 1, NP); break;     \
         case 2: block_chunk(x, x_stride, panels, j0, j1, sums, first, 2, NP); break;     \
         case 3: block_chunk(x, x_stride, panels, j0, j1, sums, first, 3, NP); break;     \
+        MORE_ROWS_CASES(NP)                                                              \
+        default: block_chunk(x, x_stride, panels, j0, j1, sums, first, ROW_BLOCK, NP);   \
+    }
+
+#if ROW_BLOCK == 8
+#define MORE_ROWS_CASES(NP)                                                              \
         case 4: block_chunk(x, x_stride, panels, j0, j1, sums, first, 4, NP); break;     \
         case 5: block_chunk(x, x_stride, panels, j0, j1, sums, first, 5, NP); break;     \
         case 6: block_chunk(x, x_stride, panels, j0, j1, sums, first, 6, NP); break;     \
-        case 7: block_chunk(x, x_stride, panels, j0, j1, sums, first, 7, NP); break;     \
-        default: block_chunk(x, x_stride, panels, j0, j1, sums, first, 8, NP); break;    \
-    }
+        case 7: block_chunk(x, x_stride, panels, j0, j1, sums, first, 7, NP); break;
+#elif ROW_BLOCK == 4
+#define MORE_ROWS_CASES(NP)
+#else
+#error "ROW_BLOCK must be 4 or 8"
+#endif
 
 static void rows_chunk(const float *x, int64_t x_stride, const float *const *panels,
                        int64_t np, int64_t j0, int64_t j1, float *sums, int first,
@@ -109,6 +131,9 @@ static void group_rows(const float *x, int64_t x_stride, const float *const *pan
         for (int64_t c = 0; c < columns; ++c) row[c] = bias ? row_sums[c] + bias[c] : row_sums[c];
     }
 }
+
+/* Output features per panel of the packed weight (the packing must use the same). */
+int mixgate_skinny_panel(void) { return PANEL; }
 
 /* x [rows, k] (rows x_stride apart), packed [ceil(n / PANEL), k, PANEL], bias [n] or NULL,
  * y [rows, n] contiguous. Returns 0, or -1 for shapes it does not take. */
