@@ -12,12 +12,12 @@
  * one panel is one contiguous run of k * PANEL floats.
  *
  * Blocking: GROUP adjacent panels (48 outputs with AVX-512, 24 with AVX2) are one unit of work.
- * Their weights go through in chunks of K_CHUNK inputs (12 or 6 KiB, L1-resident); every block of up to ROW_BLOCK rows takes
- * the chunk before the next is read, so each weight is read from memory once per call while the
- * memory stream never waits on the rows (a panel read whole for each row block left memory idle
- * while later blocks computed). ROW_BLOCK rows x 3 panels of accumulators in registers, fed by 3
- * weight loads and ROW_BLOCK broadcasts per input: the fused multiply-adds, not the loads, set
- * the pace.
+ * Their weights go through in chunks of K_CHUNK inputs (12 or 6 KiB, L1-resident); every block
+ * of up to ROW_BLOCK rows takes the chunk before the next is read, so each weight is read from
+ * memory once per call while the memory stream never waits on the rows (a panel read whole for
+ * each row block left memory idle while later blocks computed). ROW_BLOCK rows x 3 panels of
+ * accumulators in registers, fed by 3 weight loads and ROW_BLOCK broadcasts per input: the
+ * fused multiply-adds, not the loads, set the pace.
  * Partial sums cross chunks in a small buffer, in fp32, unchanged.
  *
  * Each output is a sum over j in ascending order, the same for every row whatever the other
