@@ -341,12 +341,22 @@ def test_tenants_keys_and_classes(
         proc.stop()
 
 
+JOB_TOKENS = 600
+
+
 def test_sigkill_mid_run_then_restart_completes_every_job_once(
     tiny_model_dir: Path, redis_server: str, tmp_path: Path, closer: contextlib.ExitStack
 ) -> None:
     first = new_server(tiny_model_dir, redis_server, tmp_path).start()
+    closer.callback(first.kill)  # a failed wait below must not leave it running
     client = closer.enter_context(httpx.Client(base_url=first.url, timeout=30))
-    body = {**chat_body(model_name(first), max_tokens=120, temperature=0), "ignore_eos": True}
+    # Long enough that a job is still running when the polls below look: at 120 tokens the
+    # tiny model can finish all 20 jobs between two rounds of polls (20 GETs each), and a CI
+    # run (stop 36, faster few-row kernel) saw none running in 30 s.
+    body = {
+        **chat_body(model_name(first), max_tokens=JOB_TOKENS, temperature=0),
+        "ignore_eos": True,
+    }
     ids = [client.post("/v1/jobs", json=body).json()["id"] for _ in range(20)]
     deadline = time.monotonic() + 30
     while not any(client.get(f"/v1/jobs/{i}").json()["status"] == "running" for i in ids):
@@ -358,7 +368,7 @@ def test_sigkill_mid_run_then_restart_completes_every_job_once(
         client = closer.enter_context(httpx.Client(base_url=second.url, timeout=30))
         done = wait_jobs(client, ids, 180)
         assert {b["status"] for b in done.values()} == {"completed"}, second.logs()
-        assert all(b["response"]["usage"]["completion_tokens"] == 120 for b in done.values())
+        assert all(b["response"]["usage"]["completion_tokens"] == JOB_TOKENS for b in done.values())
         assert any(b["attempts"] == 2 for b in done.values()), "some job was mid-run at the kill"
     finally:
         second.stop()
