@@ -11,13 +11,13 @@
  * packed[p][j][c] = W[p * PANEL + c][j] (n padded with zero rows up to a multiple of PANEL), so
  * one panel is one contiguous run of k * PANEL floats.
  *
- * Blocking: GROUP adjacent panels (48 outputs with AVX-512, 24 with AVX2) are one unit of work.
- * Their weights go through in chunks of K_CHUNK inputs (12 or 6 KiB, L1-resident); every block
+ * Blocking: GROUP adjacent panels (48 outputs with AVX-512, 16 with AVX2) are one unit of work.
+ * Their weights go through in chunks of K_CHUNK inputs (12 or 4 KiB, L1-resident); every block
  * of up to ROW_BLOCK rows takes the chunk before the next is read, so each weight is read from
  * memory once per call while the memory stream never waits on the rows (a panel read whole for
- * each row block left memory idle while later blocks computed). ROW_BLOCK rows x 3 panels of
- * accumulators in registers, fed by 3 weight loads and ROW_BLOCK broadcasts per input: the
- * fused multiply-adds, not the loads, set the pace.
+ * each row block left memory idle while later blocks computed). ROW_BLOCK rows x GROUP panels
+ * of accumulators in registers, fed by GROUP weight loads and ROW_BLOCK broadcasts per input:
+ * the fused multiply-adds, not the loads, set the pace.
  * Partial sums cross chunks in a small buffer, in fp32, unchanged.
  *
  * Each output is a sum over j in ascending order, the same for every row whatever the other
@@ -31,16 +31,20 @@
  * Otherwise (AVX2: 16 registers of 8 floats) a panel of 16 is two registers and that block
  * needs 48 accumulators: it spilled to memory on every multiply-add, and on a 2-vCPU AMD EPYC
  * without AVX-512 a 100m decode step at B=8 took 299 ms against 44 ms through oneDNN. There,
- * a panel of 8 and 4 rows x 3 panels: 12 accumulators, 3 weight vectors and a broadcast.
+ * a panel of 8 and 6 rows x 2 panels (BLIS's 6 x 16 for AVX2): 12 accumulators, 2 weight
+ * vectors and a broadcast, one register to spare. 4 rows x 3 panels (also 12 accumulators, a
+ * weight load fewer per input) measured slower on that EPYC: the linears of a 100m step at 32
+ * rows 62 -> 47 ms, 16 rows 34 -> 28, 8 rows 19 -> 17, even at 1-4; 6 x 3 spills.
  * engine/model/kernels/skinny.py packs with the PANEL this file reports. */
 #if defined(__AVX512F__)
 #define PANEL 16
 #define ROW_BLOCK 8
+#define GROUP 3
 #else
 #define PANEL 8
-#define ROW_BLOCK 4
+#define ROW_BLOCK 6
+#define GROUP 2
 #endif
-#define GROUP 3
 #define GROUP_WIDTH (PANEL * GROUP)
 #define K_CHUNK 64
 /* Rows whose partial sums one pass keeps (the buffer below); more rows take another pass. */
@@ -96,10 +100,12 @@ static inline __attribute__((always_inline)) void block_chunk(
         case 5: block_chunk(x, x_stride, panels, j0, j1, sums, first, 5, NP); break;     \
         case 6: block_chunk(x, x_stride, panels, j0, j1, sums, first, 6, NP); break;     \
         case 7: block_chunk(x, x_stride, panels, j0, j1, sums, first, 7, NP); break;
-#elif ROW_BLOCK == 4
-#define MORE_ROWS_CASES(NP)
+#elif ROW_BLOCK == 6
+#define MORE_ROWS_CASES(NP)                                                              \
+        case 4: block_chunk(x, x_stride, panels, j0, j1, sums, first, 4, NP); break;     \
+        case 5: block_chunk(x, x_stride, panels, j0, j1, sums, first, 5, NP); break;
 #else
-#error "ROW_BLOCK must be 4 or 8"
+#error "ROW_BLOCK must be 6 or 8"
 #endif
 
 static void rows_chunk(const float *x, int64_t x_stride, const float *const *panels,
@@ -107,8 +113,10 @@ static void rows_chunk(const float *x, int64_t x_stride, const float *const *pan
                        int64_t rows) {
     switch (np) {
         case 1: ROWS_CASES(1) break;
+#if GROUP == 3
         case 2: ROWS_CASES(2) break;
-        default: ROWS_CASES(3) break;
+#endif
+        default: ROWS_CASES(GROUP) break;
     }
 }
 
