@@ -4,17 +4,21 @@ The cap on bulk prefill per step (policies/step_budget.py) bounds how long a cha
 step under way when it arrives. Lifting it while no interactive work is in the engine lets bulk
 alone run full-budget steps; a chat that then arrives into the lull waits for one whole
 uncapped step. `linger_s` sets how long after interactive work was last seen the cap lifts:
-0 (the default, EngineConfig's) at once; None never.
+0 at once; None never; 2 s by default (EngineConfig's).
 
 Measured end to end, `mixgate bench compare --workload chat-over-backlog` (native engine,
-`small`, 2 threads, chunk 256, three repeats each): the slowest chat after the phase's first
-was 63-107 ms with the cap lifting at once (two runs), 77-91 ms with a 2 s linger, 63-74 ms with
-the cap never lifting: within the runs' noise. The phase's first chat (no chat before it, 48 job
-submissions under way) took 84-130 ms under all three; its time is the gateway's and the
-engine's under the submission burst, not an uncapped step. Bulk alone drained 959 output tokens
-per busy second with the lift, 863 with the cap always on (vllm-priority in the same runs: 851,
-813). So the lift stays the default and the linger an option: a device whose full-budget step
-is long (a GPU's 8k-token prefill) is where a lull's chat would feel it.
+`small`, 2 threads, chunk 256, three repeats each) on the 2-vCPU Xeon: the slowest chat after
+the phase's first was 63-107 ms with the cap lifting at once (two runs), 77-91 ms with a 2 s
+linger, 63-74 ms with the cap never lifting: within the runs' noise there. On the 2-vCPU AMD
+EPYC (AVX2), where steps take about twice as long, a lull's full-budget step (512 bulk prefill
+tokens beside the bulk decodes) took 50-110 ms, and the chats that arrived into one waited
+for it in the gateway's queue (queue delay 45-87 ms, against 1-20 ms for the others): they
+were the slowest chats of the mixed phase. Same command, `--policies mixgate --repeats 3`,
+chunk 64, one after the other (load 0.4-0.9): chat TTFT p99 under the backlog 134 ms (2.31x
+alone) lifting at once, 105 ms (1.45x) with a 2 s linger; bulk output tokens per busy second
+505 and 490. So the default lingers 2 s: with chats arriving a few a second the cap stays on
+through the gaps between them, and bulk alone still gets full-budget steps 2 s after the last
+chat (a chat arriving after a longer lull waits for one such step). None: never lift.
 Clock injected (`now_s`): the simulator runs it in virtual time.
 """
 
@@ -22,8 +26,8 @@ from __future__ import annotations
 
 __all__ = ["DEFAULT_LINGER_S", "InteractivePresence"]
 
-# EngineConfig's default and the vLLM scheduler's when the knob is absent: lift at once.
-DEFAULT_LINGER_S = 0.0
+# EngineConfig's default and the vLLM scheduler's when the knob is absent.
+DEFAULT_LINGER_S = 2.0
 
 
 class InteractivePresence:

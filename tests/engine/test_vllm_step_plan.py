@@ -180,12 +180,12 @@ def test_the_envelope_maps_onto_vllm_arguments(policy: str, tmp_path: object) ->
     if policy == "mixgate":
         knobs = kwargs["additional_config"]["mixgate"]
         assert knobs["interactive_linger_s"] == config.interactive_linger_s
-        assert knobs_from_config({"mixgate": knobs}).interactive_linger_s == 0.0
+        assert knobs_from_config({"mixgate": knobs}).interactive_linger_s == 2.0
         for given, read in ((2, 2.0), (None, None)):
             changed = {**knobs, "interactive_linger_s": given}
             assert knobs_from_config({"mixgate": changed}).interactive_linger_s == read
         older = {k: v for k, v in knobs.items() if k != "interactive_linger_s"}
-        assert knobs_from_config({"mixgate": older}).interactive_linger_s == 0.0
+        assert knobs_from_config({"mixgate": older}).interactive_linger_s == 2.0
 
 
 def test_waiting_chats_raise_the_admission_cap_and_bulk_never_does() -> None:
