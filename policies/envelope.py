@@ -209,13 +209,13 @@ class Envelope:
         return cls(
             max_active_seqs=32,
             step_token_budget=512,
-            # A chat's tokens wait on every step beside bulk work, so the chunk bounds its ITL
-            # and its first visible token (the first may decode to no text yet). On the `small`
-            # preset, 2 threads, a 2-vCPU AMD EPYC (AVX2): steps beside a 128-token chunk took
-            # 22-37 ms, chat ITL p99 under the backlog 52-62 ms; 64 tokens: 37-38 ms, with as
-            # many bulk tokens per busy second (505 vs 440 at a linger of 0; 490 vs 489 at 2 s;
-            # `bench compare --workload chat-over-backlog --policies mixgate --repeats 3`).
-            bulk_prefill_chunk_tokens=64,
+            # NOTE: on a 2-vCPU AMD EPYC (AVX2), `small`, 2 threads, 64 tokens served chats
+            # better on the native engine (`bench compare --workload chat-over-backlog`, 3
+            # repeats: chat TTFT p99 under the backlog 103 vs ~133 ms, ITL p99 39 vs 52 ms, bulk
+            # tokens per busy second no lower) but cost the vLLM backend, whose steps carry more
+            # fixed host cost, an eighth of its bulk rate (378 vs 431, vllm-priority 455). One
+            # number serves both engines here; a sweep per engine picks its own.
+            bulk_prefill_chunk_tokens=128,
             bulk_min_share=0.2,
             bulk_aging_s=5.0,
             bulk_class_offset_ms=30_000,

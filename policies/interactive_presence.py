@@ -14,9 +14,10 @@ EPYC (AVX2), where steps take about twice as long, a lull's full-budget step (51
 tokens beside the bulk decodes) took 50-110 ms, and the chats that arrived into one waited
 for it in the gateway's queue (queue delay 45-87 ms, against 1-20 ms for the others): they
 were the slowest chats of the mixed phase. Same command, `--policies mixgate --repeats 3`,
-chunk 64, one after the other (load 0.4-0.9): chat TTFT p99 under the backlog 134 ms (2.31x
-alone) lifting at once, 105 ms (1.45x) with a 2 s linger; bulk output tokens per busy second
-505 and 490. So the default lingers 2 s: with chats arriving a few a second the cap stays on
+one after the other (load 0.4-0.9), chat TTFT p99 under the backlog (x alone) and bulk output
+tokens per busy second, lifting at once vs a 2 s linger: chunk 128 168 ms (2.57x), 440 vs
+133 ms (2.27x), 489; chunk 64 134 ms (2.31x), 505 vs 105 ms (1.45x), 490. So the default
+lingers 2 s: with chats arriving a few a second the cap stays on
 through the gaps between them, and bulk alone still gets full-budget steps 2 s after the last
 chat (a chat arriving after a longer lull waits for one such step). None: never lift.
 Clock injected (`now_s`): the simulator runs it in virtual time.

@@ -24,7 +24,7 @@ def test_default_values() -> None:
     assert (env.max_active_seqs, env.step_token_budget, env.bulk_prefill_chunk_tokens) == (
         32,
         512,
-        64,
+        128,
     )
     assert (env.bulk_min_share, env.bulk_aging_s, env.bulk_class_offset_ms) == (0.2, 5.0, 30_000)
     assert (env.interactive_queue_limit, env.bulk_queue_limit) == (64, 10_000)
