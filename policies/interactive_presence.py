@@ -17,9 +17,9 @@ were the slowest chats of the mixed phase. Same command, `--policies mixgate --r
 one after the other (load 0.4-0.9), chat TTFT p99 under the backlog (x alone) and bulk output
 tokens per busy second, lifting at once vs a 2 s linger: chunk 128 168 ms (2.57x), 440 vs
 133 ms (2.27x), 489; chunk 64 134 ms (2.31x), 505 vs 105 ms (1.45x), 490. So the default
-lingers 2 s: with chats arriving a few a second the cap stays on
-through the gaps between them, and bulk alone still gets full-budget steps 2 s after the last
-chat (a chat arriving after a longer lull waits for one such step). None: never lift.
+lingers 2 s: with chats arriving a few a second the cap stays on through the gaps between
+them, and bulk alone still gets full-budget steps 2 s after the last chat (a chat arriving
+after a longer lull waits for one such step).
 Clock injected (`now_s`): the simulator runs it in virtual time.
 """
 
