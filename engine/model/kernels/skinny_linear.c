@@ -94,19 +94,20 @@ static inline __attribute__((always_inline)) void block_chunk(
         default: block_chunk(x, x_stride, panels, j0, j1, sums, first, ROW_BLOCK, NP);   \
     }
 
+#if ROW_BLOCK != 6 && ROW_BLOCK != 8
+#error "ROW_BLOCK must be 6 or 8"
+#endif
 #if ROW_BLOCK == 8
+#define ROWS_6_7_CASES(NP)                                                               \
+        case 6: block_chunk(x, x_stride, panels, j0, j1, sums, first, 6, NP); break;     \
+        case 7: block_chunk(x, x_stride, panels, j0, j1, sums, first, 7, NP); break;
+#else
+#define ROWS_6_7_CASES(NP)
+#endif
 #define MORE_ROWS_CASES(NP)                                                              \
         case 4: block_chunk(x, x_stride, panels, j0, j1, sums, first, 4, NP); break;     \
         case 5: block_chunk(x, x_stride, panels, j0, j1, sums, first, 5, NP); break;     \
-        case 6: block_chunk(x, x_stride, panels, j0, j1, sums, first, 6, NP); break;     \
-        case 7: block_chunk(x, x_stride, panels, j0, j1, sums, first, 7, NP); break;
-#elif ROW_BLOCK == 6
-#define MORE_ROWS_CASES(NP)                                                              \
-        case 4: block_chunk(x, x_stride, panels, j0, j1, sums, first, 4, NP); break;     \
-        case 5: block_chunk(x, x_stride, panels, j0, j1, sums, first, 5, NP); break;
-#else
-#error "ROW_BLOCK must be 6 or 8"
-#endif
+        ROWS_6_7_CASES(NP)
 
 static void rows_chunk(const float *x, int64_t x_stride, const float *const *panels,
                        int64_t np, int64_t j0, int64_t j1, float *sums, int first,
