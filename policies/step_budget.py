@@ -4,7 +4,8 @@ Order of claim on the budget (docs/ARCHITECTURE.md, "Scheduling model"):
 1. decode tokens of running interactive sequences, 2. decode tokens of running bulk
 sequences, 3. interactive prefill chunks, 4. bulk prefill chunks, at most
 `bulk_prefill_chunk_tokens` and only from what is left, except that bulk work that has
-waited past its aging threshold is guaranteed `bulk_min_share` of the budget. With no
+waited past its aging threshold is guaranteed `bulk_min_share` of the budget (over two steps:
+see `defers_bulk`). With no
 interactive work present (`interactive_present=False`: what counts as present is the caller's,
 policies/interactive_presence.py) the cap is off: bulk prefill takes what the decodes leave.
 
@@ -12,9 +13,11 @@ A step that runs an interactive prefill carries no bulk prefill beyond that guar
 (`bulk_prefill_cap_after_interactive`): the chat's first token waits on exactly that step, and
 a bulk chunk beside it adds its whole cost to the chat's TTFT for a few tokens of bulk work
 (chats are short and few next to the backlog, so bulk loses a step's chunk now and then).
-In the native engine, unless bulk is aged, such a step carries no bulk decodes either
-(`defers_bulk`), and never two steps in a row, so a flood of chats slows bulk decodes to every
-other step at worst (the vLLM backend does not: docs/ARCHITECTURE.md, "Scheduling model").
+In the native engine such a step carries no bulk decodes either, nor aged bulk's guarantee
+(`defers_bulk`), and never two steps in a row: the step after it carries the guarantee it
+skipped on top of its own (`bulk_carried_tokens`), so a flood of chats slows bulk decodes to
+every other step at worst and aged bulk still gets its share over any two steps (the vLLM
+backend does not defer: docs/ARCHITECTURE.md, "Scheduling model").
 """
 
 from __future__ import annotations
@@ -45,14 +48,18 @@ def plan_step_budget(
     bulk_prefill_chunk_tokens: int,
     bulk_min_share: float,
     interactive_present: bool = True,
+    bulk_carried_tokens: int = 0,
 ) -> StepBudgetPlan:
     """Split what the decodes leave between interactive and bulk prefill.
 
-    `interactive_present`: whether any interactive sequence runs or waits in the engine."""
+    `interactive_present`: whether any interactive sequence runs or waits in the engine.
+    `bulk_carried_tokens`: aged bulk's guarantee that the step before deferred (`defers_bulk`),
+    paid in this step on top of its own."""
     if step_token_budget < 1:
         raise ValueError("step_token_budget must be at least 1")
     left_tokens = max(0, step_token_budget - interactive_decode_tokens - bulk_decode_tokens)
-    guaranteed = math.ceil(bulk_min_share * step_token_budget) if bulk_aged else 0
+    guaranteed = bulk_guarantee_tokens(step_token_budget, bulk_min_share) if bulk_aged else 0
+    guaranteed = min(step_token_budget, guaranteed + bulk_carried_tokens)
     # Bulk decodes already count toward the guarantee; reserve only the prefill it can use.
     reserved_prefill = min(
         bulk_prefill_demand_tokens, max(0, guaranteed - bulk_decode_tokens), left_tokens
@@ -74,6 +81,11 @@ def plan_step_budget(
     )
 
 
+def bulk_guarantee_tokens(step_token_budget: int, bulk_min_share: float) -> int:
+    """Tokens aged bulk is guaranteed in one step."""
+    return math.ceil(bulk_min_share * step_token_budget)
+
+
 def bulk_prefill_cap_after_interactive(
     plan: StepBudgetPlan, *, interactive_prefill_tokens: int
 ) -> int:
@@ -84,17 +96,19 @@ def bulk_prefill_cap_after_interactive(
     return plan.bulk_prefill_cap_tokens
 
 
-def defers_bulk(
-    *, interactive_prefill_pending: bool, bulk_aged: bool, deferred_last_step: bool
-) -> bool:
+def defers_bulk(*, interactive_prefill_pending: bool, deferred_last_step: bool) -> bool:
     """Whether the next step leaves bulk out entirely, its decodes too, for interactive prefill.
 
     A chat's first token comes out of the step that runs its prefill, so every bulk decode in
     that step is paid by the chat's TTFT. Measured on the `small` preset (2 threads, the Xeon):
     a 250-token chat prefill alone 10.5 ms; beside 32 bulk decodes at ~1,100 tokens of context
     21 ms; those decodes alone 10.2 ms. Deferring them costs bulk one chat prefill of wall time
-    per chat, not its decode batch. Aged bulk keeps its guaranteed share instead (the aging
-    contract), and a step after a deferring one never defers, so bulk decodes run at least
-    every other step however many chats arrive.
+    per chat, not its decode batch. A step after a deferring one never defers, so bulk decodes
+    run at least every other step however many chats arrive.
+
+    Aged bulk is deferred too, and its guarantee moves to the next step (the caller passes it
+    as `bulk_carried_tokens`): a backlog stays aged for most of a chat phase, and keeping the
+    guarantee in the chat's own step made it 27-49 ms instead of 15-25 (2-vCPU AMD EPYC,
+    `small`: bench breakdown --workload chat-over-backlog, a step trace).
     """
-    return interactive_prefill_pending and not bulk_aged and not deferred_last_step
+    return interactive_prefill_pending and not deferred_last_step

@@ -5,7 +5,8 @@ interactive ones beside them up to `max_running_seqs` (the overcommit): interact
 bulk decodes, interactive prefill chunks (oldest first), then bulk prefill chunks capped per
 step (see policies/step_budget.py for the split; whether the cap holds with no interactive
 sequence in: policies/interactive_presence.py). A step that runs an interactive prefill leaves
-bulk decodes out too, unless bulk is aged or the step before did so (`defers_bulk`). When KV
+bulk decodes out too, unless the step before did so (`defers_bulk`; aged bulk's guarantee
+moves to the next step). When KV
 blocks run out a sequence is preempted by recompute: bulk first, youngest first; an
 interactive sequence is never preempted to make room for bulk.
 """
@@ -27,6 +28,7 @@ from policies.request_class import RequestClass
 from policies.scheduling_policy import SchedulingPolicy
 from policies.step_budget import (
     StepBudgetPlan,
+    bulk_guarantee_tokens,
     bulk_prefill_cap_after_interactive,
     defers_bulk,
     plan_step_budget,
@@ -55,8 +57,10 @@ class Scheduler:
         self._step_index = 0
         self.policy = SchedulingPolicy(config.scheduling_policy)
         self._interactive_presence = InteractivePresence(config.interactive_linger_s)
-        # Whether the last step left bulk out for an interactive prefill (policies/step_budget).
+        # Whether the last step left bulk out for an interactive prefill (policies/step_budget),
+        # and the aged bulk guarantee it left for this step to pay.
         self._bulk_deferred_last_step = False
+        self._bulk_carried_tokens = 0
 
     def queue_of(self, seq: Sequence) -> RequestClass:
         """The class the scheduler treats a sequence as: its own, or one for all under fcfs."""
@@ -119,12 +123,12 @@ class Scheduler:
         bulk_aged = self._bulk_aged(now_s)
         defer_bulk = self.policy.caps_bulk_prefill and defers_bulk(
             interactive_prefill_pending=self._interactive_prefill_pending(),
-            bulk_aged=bulk_aged,
             deferred_last_step=self._bulk_deferred_last_step,
         )
         if not defer_bulk:
             self._schedule_decodes(BULK, state)
-        plan = self._plan(state, now_s, bulk_aged)
+        # A deferring step guarantees bulk nothing; the next one pays what it skipped.
+        plan = self._plan(state, now_s, bulk_aged and not defer_bulk, self._bulk_carried_tokens)
         interactive_decode_tokens = self._tokens(state, INTERACTIVE)
         self._schedule_prefills(
             INTERACTIVE, plan.interactive_prefill_limit_tokens, state, now_s, bulk_aged
@@ -141,6 +145,11 @@ class Scheduler:
             )
         self._schedule_prefills(BULK, bulk_prefill_cap, state, now_s, bulk_aged)
         self._bulk_deferred_last_step = defer_bulk
+        self._bulk_carried_tokens = (
+            bulk_guarantee_tokens(self.config.step_token_budget, self.config.bulk_min_share)
+            if defer_bulk and bulk_aged
+            else 0
+        )
 
         chunks = sorted(state.chunks.values(), key=lambda c: not c.is_decode)
         output = SchedulerOutput(
@@ -159,7 +168,9 @@ class Scheduler:
             if seq.status is SequenceStatus.RUNNING and self._reserve_running(seq, 1, state):
                 state.add(seq, 1)
 
-    def _plan(self, state: StepState, now_s: float, bulk_aged: bool) -> StepBudgetPlan:
+    def _plan(
+        self, state: StepState, now_s: float, bulk_aged: bool, bulk_carried_tokens: int
+    ) -> StepBudgetPlan:
         return plan_step_budget(
             step_token_budget=self.config.step_token_budget,
             interactive_decode_tokens=self._tokens(state, INTERACTIVE),
@@ -173,6 +184,7 @@ class Scheduler:
                 else self.config.step_token_budget
             ),
             bulk_min_share=self.config.bulk_min_share,
+            bulk_carried_tokens=bulk_carried_tokens,
             # Counted by the sequences' own class: without classes (fcfs) the cap is off anyway;
             # with none in, held or lifted as interactive_linger_s says.
             interactive_present=self._interactive_presence.observe(

@@ -60,19 +60,22 @@ def test_a_flood_of_chats_defers_bulk_decodes_every_other_step_at_most() -> None
     assert with_decodes.count(False) >= 15  # and the deferral does happen under the flood
 
 
-def test_aged_bulk_keeps_its_decodes_beside_a_chat_prefill() -> None:
-    h = Harness(
-        _config(bulk_aging_s=1.0, max_active_seqs=2, interactive_overcommit_seqs=2),
-        num_blocks=400,
-        seed=7,
-    )
+def test_aged_bulk_is_deferred_too_and_the_next_step_pays_its_guarantee_twice() -> None:
+    h = Harness(_config(bulk_aging_s=1.0), num_blocks=400, seed=7)
     _decoding_bulk(h, 2)
-    h.add(BULK, 30, 4)  # waits for a slot: bulk prefill work that can age
+    h.add(BULK, 400, 4)  # a long prompt: bulk prefill work that ages
+    h.step()
     h.now_s += 2.0
     h.add(INTERACTIVE, 20, 4)
     step = h.step()
-    assert step.tokens_by_kind[(INTERACTIVE, "prefill")] == 20
-    assert _bulk_decodes(step) == 2
+    assert step.tokens_by_kind == {(INTERACTIVE, "prefill"): 20}
+    assert step.bulk_guaranteed_tokens == 0
+    # 0.25 x 64 = 16 tokens a step: the skipped 16 on top of this step's own.
+    after = h.step()
+    assert after.bulk_guaranteed_tokens == 32
+    assert _bulk_decodes(after) == 2 and after.tokens_by_kind[(BULK, "prefill")] == 30
+    assert after.tokens_for(INTERACTIVE) == 1
+    assert h.step().bulk_guaranteed_tokens == 16  # paid: back to one step's share
 
 
 def test_strict_priority_keeps_bulk_decodes_beside_a_chat_prefill() -> None:

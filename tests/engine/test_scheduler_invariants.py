@@ -328,9 +328,9 @@ def test_interactive_preempts_aged_bulk_down_to_its_floor() -> None:
     assert sum(1 for c in chats if c.status is SequenceStatus.RUNNING) == 3
 
 
-def test_a_step_with_an_interactive_prefill_carries_no_bulk_prefill_unless_bulk_is_aged() -> None:
+def test_a_chat_prefill_step_carries_no_bulk_prefill_even_when_bulk_is_aged() -> None:
     """The chat's first token waits on its prefill step: a bulk chunk beside it would add its
-    whole cost to the chat's TTFT. Aged bulk keeps its guaranteed share even then."""
+    whole cost to the chat's TTFT. Aged bulk gets the share it skipped in the next step."""
     config = EngineConfig(
         max_active_seqs=8,
         step_token_budget=64,
@@ -350,9 +350,9 @@ def test_a_step_with_an_interactive_prefill_carries_no_bulk_prefill_unless_bulk_
     h.now_s += 2.0  # bulk has now waited past its aging threshold
     h.add(INTERACTIVE, 20, 4)
     step = h.step()
-    assert step.tokens_by_kind[(INTERACTIVE, "prefill")] == 20
-    # the guarantee (0.25 x 64) stands beside the chat
-    assert step.tokens_by_kind[(BULK, "prefill")] == 16
+    assert step.tokens_by_kind[(INTERACTIVE, "prefill")] == 20 and step.tokens_for(BULK) == 0
+    # the guarantee (0.25 x 64) the chat's step skipped, on top of the next step's own
+    assert h.step().tokens_by_kind[(BULK, "prefill")] == 32
 
 
 def test_the_bulk_cap_lingers_after_the_last_chat_then_lifts() -> None:
