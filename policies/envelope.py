@@ -136,6 +136,16 @@ def _provenance_from_dict(table: Mapping[str, object]) -> Provenance:
     )
 
 
+# The built-in envelope's bulk prefill chunk per engine. Measured on a 2-vCPU AMD EPYC (AVX2),
+# `small`, 2 threads, `bench compare --workload chat-over-backlog --repeats 3`: on the native
+# engine (0.6 ms of fixed cost per step) 64 tokens served chats better than 128 in two sessions
+# (chat TTFT p99 under the backlog 105 vs 133 ms, then 97 vs 119; ITL p99 37 vs 52, 40 vs 48)
+# at the same bulk rate within noise (490 vs 489, 477 vs 509 tokens per busy second); on the vLLM
+# backend, whose steps carry more fixed host cost, 64 cost an eighth of its bulk rate (378 vs
+# 431 tokens per busy second, vllm-priority 455). A sweep per engine picks its own.
+DEFAULT_BULK_CHUNK_TOKENS: Final = {"native": 64, "vllm": 128}
+
+
 # Fields that must be integers >= 1, checked in one loop to keep __post_init__ readable.
 _POSITIVE_INT_FIELDS: Final = (
     "max_active_seqs",
@@ -204,18 +214,17 @@ class Envelope:
         }
 
     @classmethod
-    def default(cls) -> Envelope:
-        """Conservative CPU defaults: a starting point until a sweep produces a better one."""
+    def default(cls, engine: str = "native") -> Envelope:
+        """Conservative CPU defaults: a starting point until a sweep produces a better one.
+
+        `engine` ("native" or "vllm", `mixgate serve --engine`) picks the bulk chunk: the one
+        knob measured to want a different value per engine (DEFAULT_BULK_CHUNK_TOKENS)."""
+        if engine not in DEFAULT_BULK_CHUNK_TOKENS:
+            raise ValueError(f"unknown engine {engine!r}: {', '.join(DEFAULT_BULK_CHUNK_TOKENS)}")
         return cls(
             max_active_seqs=32,
             step_token_budget=512,
-            # NOTE: on a 2-vCPU AMD EPYC (AVX2), `small`, 2 threads, 64 tokens served chats
-            # better on the native engine (`bench compare --workload chat-over-backlog`, 3
-            # repeats: chat TTFT p99 under the backlog 103 vs ~133 ms, ITL p99 39 vs 52 ms, bulk
-            # tokens per busy second no lower) but cost the vLLM backend, whose steps carry more
-            # fixed host cost, an eighth of its bulk rate (378 vs 431, vllm-priority 455). One
-            # number serves both engines here; a sweep per engine picks its own.
-            bulk_prefill_chunk_tokens=128,
+            bulk_prefill_chunk_tokens=DEFAULT_BULK_CHUNK_TOKENS[engine],
             bulk_min_share=0.2,
             bulk_aging_s=5.0,
             bulk_class_offset_ms=30_000,
@@ -229,7 +238,9 @@ class Envelope:
             ),
             interactive_ttft_target_s=2.0,
             interactive_reserved_seqs=4,
-            provenance=Provenance(source="default", notes="built-in CPU defaults, not measured"),
+            provenance=Provenance(
+                source="default", notes=f"built-in CPU defaults for the {engine} engine"
+            ),
         )
 
     def queue_limit(self, request_class: RequestClass) -> int:

@@ -73,7 +73,7 @@ def _vllm(args: argparse.Namespace, folder: Path) -> Iterator[str]:
     server = VllmServer(
         args.model_dir,
         "fcfs",
-        Envelope.default(),
+        Envelope.default("vllm"),
         args.threads,
         args.kv_cache_bytes,
         folder,

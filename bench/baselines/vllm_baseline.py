@@ -32,7 +32,7 @@ def is_vllm_policy(name: str) -> bool:
 
 
 def _envelope(path: Path | None) -> Envelope:
-    return load_envelope(path.read_text()) if path is not None else Envelope.default()
+    return load_envelope(path.read_text()) if path is not None else Envelope.default("vllm")
 
 
 def run_policy(

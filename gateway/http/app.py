@@ -62,7 +62,7 @@ def load_auth(settings: Settings) -> ApiKeyStore:
 
 def load_settings_envelope(settings: Settings) -> Envelope:
     if settings.envelope_path is None:
-        return Envelope.default()
+        return Envelope.default(settings.engine)
     return load_envelope(Path(settings.envelope_path).read_text())
 
 

@@ -73,3 +73,12 @@ def test_a_served_engine_prewarms_and_a_bare_engine_config_does_not() -> None:
     assert engine_config(Envelope.default(), Settings()).prewarm is True
     cold = Settings.from_env({"MIXGATE_PREWARM": "0"})
     assert engine_config(Envelope.default(), cold).prewarm is False
+
+
+def test_without_an_envelope_file_the_server_runs_its_engines_built_in_envelope() -> None:
+    from gateway.http.app import load_settings_envelope
+    from policies.envelope import Envelope
+
+    for engine in ("native", "vllm"):
+        assert load_settings_envelope(Settings(engine=engine)) == Envelope.default(engine)
+    assert load_settings_envelope(Settings(engine="vllm")).bulk_prefill_chunk_tokens == 128

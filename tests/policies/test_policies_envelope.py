@@ -24,7 +24,7 @@ def test_default_values() -> None:
     assert (env.max_active_seqs, env.step_token_budget, env.bulk_prefill_chunk_tokens) == (
         32,
         512,
-        128,
+        64,
     )
     assert (env.bulk_min_share, env.bulk_aging_s, env.bulk_class_offset_ms) == (0.2, 5.0, 30_000)
     assert (env.interactive_queue_limit, env.bulk_queue_limit) == (64, 10_000)
@@ -247,3 +247,15 @@ def test_envelopes_are_hashable_despite_the_slo_dict() -> None:
         DEFAULT, provenance=Provenance(source="sweep", slo={"ttft_p99_s": 2.0})
     )
     assert len({DEFAULT, with_slo, Envelope.default()}) == 2
+
+
+def test_the_built_in_envelope_takes_its_bulk_chunk_from_the_engine() -> None:
+    native, vllm = Envelope.default("native"), Envelope.default("vllm")
+    assert native == Envelope.default()  # native is the default engine
+    assert (native.bulk_prefill_chunk_tokens, vllm.bulk_prefill_chunk_tokens) == (64, 128)
+    assert dataclasses.replace(
+        vllm, bulk_prefill_chunk_tokens=64, provenance=native.provenance
+    ) == (native)  # the chunk is the only knob that differs
+    assert "vllm engine" in vllm.provenance.notes
+    with pytest.raises(ValueError, match="unknown engine 'tgi'"):
+        Envelope.default("tgi")
