@@ -5,9 +5,9 @@ Order of claim on the budget (docs/ARCHITECTURE.md, "Scheduling model"):
 sequences, 3. interactive prefill chunks, 4. bulk prefill chunks, at most
 `bulk_prefill_chunk_tokens` and only from what is left, except that bulk work that has
 waited past its aging threshold is guaranteed `bulk_min_share` of the budget (over two steps:
-see `defers_bulk`). With no
-interactive work present (`interactive_present=False`: what counts as present is the caller's,
-policies/interactive_presence.py) the cap is off: bulk prefill takes what the decodes leave.
+see `defers_bulk`). With no interactive work present (`interactive_present=False`: what counts
+as present is the caller's, policies/interactive_presence.py) the cap is off: bulk prefill
+takes what the decodes leave.
 
 A step that runs an interactive prefill carries no bulk prefill beyond that guarantee
 (`bulk_prefill_cap_after_interactive`): the chat's first token waits on exactly that step, and
@@ -96,8 +96,11 @@ def bulk_prefill_cap_after_interactive(
     return plan.bulk_prefill_cap_tokens
 
 
-def defers_bulk(*, interactive_prefill_pending: bool, deferred_last_step: bool) -> bool:
-    """Whether the next step leaves bulk out entirely, its decodes too, for interactive prefill.
+def defers_bulk(*, first_token_pending: bool, deferred_last_step: bool) -> bool:
+    """Whether the next step leaves bulk out entirely, its decodes too, for a chat's first token.
+
+    `first_token_pending`: an interactive prompt waits or is in its prefill, or a chat's sampled
+    tokens have made no text yet (the client's first token is its first text).
 
     A chat's first token comes out of the step that runs its prefill, so every bulk decode in
     that step is paid by the chat's TTFT. Measured on the `small` preset (2 threads, the Xeon):
@@ -111,4 +114,4 @@ def defers_bulk(*, interactive_prefill_pending: bool, deferred_last_step: bool) 
     guarantee in the chat's own step made it 27-49 ms instead of 15-25 (2-vCPU AMD EPYC,
     `small`: bench breakdown --workload chat-over-backlog, a step trace).
     """
-    return interactive_prefill_pending and not deferred_last_step
+    return first_token_pending and not deferred_last_step

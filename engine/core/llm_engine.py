@@ -139,6 +139,7 @@ class LLMEngine:
             self._detokenizers[seq.seq_id] = IncrementalDetokenizer(
                 self.tokenizer, list(request.prompt_token_ids), request.sampling.stop
             )
+            seq.awaits_first_text = True
         self.scheduler.add(seq)
 
     def abort_request(self, request_id: str) -> RequestOutput | None:
@@ -170,6 +171,8 @@ class LLMEngine:
         if detok is not None:
             delta = detok.add_tokens([token])
             text = delta.text
+            if text:
+                seq.awaits_first_text = False
             if delta.stop_matched is not None:
                 reason = "stop"
             elif reason is not None:

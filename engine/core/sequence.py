@@ -39,6 +39,9 @@ class Sequence:
     finish_reason: str | None = None
     # Engine admission order, for "oldest first" and "youngest preempted first".
     admit_order: int = 0
+    # Sampled tokens so far decode to no text (a multi-byte character's first bytes, a held-
+    # back stop string): the client's first token is still to come. Only for detokenized ones.
+    awaits_first_text: bool = False
 
     @property
     def arrival_s(self) -> float:

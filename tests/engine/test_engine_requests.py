@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import json
 import shutil
@@ -331,3 +332,21 @@ def test_prefix_cache_hit_leaves_the_output_unchanged(tiny_model_dir: Path) -> N
     assert baseline.final.metrics.num_cached_prompt_tokens == 0
     assert second_result.tokens == baseline.tokens
     assert second_result.text == baseline.text
+
+
+def test_a_sequence_awaits_its_first_text_until_a_delta_carries_some(engine: LLMEngine) -> None:
+    # The scheduler keeps a chat's steps light until then (policies/step_budget.py, defers_bulk).
+    engine.add_request(GenerationRequest("text", PROMPT, GREEDY))
+    engine.add_request(
+        GenerationRequest("ids", PROMPT, dataclasses.replace(GREEDY, detokenize=False))
+    )
+    text, ids = engine.scheduler.get("text"), engine.scheduler.get("ids")
+    assert text is not None and ids is not None
+    assert text.awaits_first_text and not ids.awaits_first_text
+    seen = ""
+    while engine.has_unfinished_requests():
+        seen += "".join(o.new_text for o in engine.step() if o.request_id == "text")
+        if not text.is_finished:
+            assert text.awaits_first_text == (seen == "")
+        assert not ids.awaits_first_text
+    assert seen  # the flag did go down

@@ -85,3 +85,15 @@ def test_strict_priority_keeps_bulk_decodes_beside_a_chat_prefill() -> None:
     h.add(INTERACTIVE, 20, 4)
     step = h.step()
     assert step.tokens_by_kind[(INTERACTIVE, "prefill")] == 20 and _bulk_decodes(step) == 3
+
+
+def test_a_chat_whose_tokens_make_no_text_yet_defers_bulk_every_other_step() -> None:
+    # Its client's first token is its first text: the steps until then are its TTFT too.
+    h = Harness(_config(), num_blocks=400, seed=9)
+    _decoding_bulk(h, 4)
+    chat = h.add(INTERACTIVE, 20, 8)
+    chat.awaits_first_text = True  # LLMEngine sets and clears it from the detokenizer
+    decodes = [_bulk_decodes(h.step()) for _ in range(4)]
+    assert decodes == [0, 4, 0, 4]  # prefill, then decodes with no text: still every other
+    chat.awaits_first_text = False
+    assert [_bulk_decodes(h.step()) for _ in range(2)] == [4, 4]
