@@ -60,6 +60,7 @@ def _chats(result: LoadResult, sender: BreakdownSender) -> list[ChatTimes]:
                 ttft_s=record.ttft_s,
                 itls_s=tuple(record.itls_s),
                 server_ttft_s=extras.server_ttft_s if extras else None,
+                server_text_ttft_s=extras.server_text_ttft_s if extras else None,
                 server_queue_s=record.queue_delay_s,
                 predicted_ttft_s=extras.predicted_ttft_s if extras else None,
             )

@@ -37,6 +37,7 @@ _current_request: contextvars.ContextVar[str | None] = contextvars.ContextVar(
 class RequestExtras:
     predicted_ttft_s: float | None = None
     server_ttft_s: float | None = None
+    server_text_ttft_s: float | None = None
 
 
 def _predicted_s(response: httpx.Response) -> float | None:
@@ -98,6 +99,9 @@ class BreakdownSender(HttpSender):
         if isinstance(timings, dict) and isinstance(timings.get("ttft_s"), int | float):
             extras = self.extras.setdefault(record.request_id, RequestExtras())
             extras.server_ttft_s = float(timings["ttft_s"])
+            text_ttft_s = timings.get("text_ttft_s")
+            if isinstance(text_ttft_s, int | float):
+                extras.server_text_ttft_s = float(text_ttft_s)
         return super()._on_chunk(chunk, record, state)
 
 

@@ -7,6 +7,9 @@ splits the mean chat TTFT and the mean chat ITL into parts that add up to the me
 TTFT (client: request sent -> first content chunk), per chat, then averaged:
 - ``queueing``: the server's ``queue_s`` (admission -> first engine step: queue, claim, hand-off);
 - ``engine``: the server's ``ttft_s - queue_s`` (first step -> first token sampled);
+- ``first_text``: the server's ``text_ttft_s - ttft_s`` (first token sampled -> first token with
+  text: the steps a chat waits while its tokens decode to no text yet, which the client does
+  not count as a first token; 0 when the server did not report it);
 - what is left (client TTFT - server TTFT: HTTP in, admission, token delivery, SSE out) is
   split into ``redis`` (Redis server time per request: the run's non-stream commands' µs over
   the requests sent, plus one delta's share of the stream commands' µs), ``event_loop_lag``
@@ -58,6 +61,7 @@ class ChatTimes:
     itls_s: tuple[float, ...]  # client: gaps between content chunks
     server_ttft_s: float | None  # server: admission -> first token sampled
     server_queue_s: float | None  # server: admission -> first engine step
+    server_text_ttft_s: float | None = None  # server: admission -> first token with text
     predicted_ttft_s: float | None = None  # admission's prediction (x-mixgate-predicted-ttft-ms)
 
 
@@ -185,16 +189,21 @@ def breakdown(
         assert chat.server_ttft_s is not None and chat.server_queue_s is not None
         queueing = max(0.0, chat.server_queue_s)
         engine_s = max(0.0, chat.server_ttft_s - chat.server_queue_s)
+        first_text_s = 0.0
+        if chat.server_text_ttft_s is not None:
+            first_text_s = max(0.0, chat.server_text_ttft_s - chat.server_ttft_s)
+        server_s = queueing + engine_s + first_text_s
         # Client TTFT below the server's (a clock edge): the gateway part is 0, not negative.
-        total = max(chat.ttft_s, queueing + engine_s)
+        total = max(chat.ttft_s, server_s)
         gateway = split_total(
-            total - queueing - engine_s,
+            total - server_s,
             {
                 "redis": redis_per_request_s + redis_per_delta_s,
                 "event_loop_lag": LOOP_HOPS_PER_DELTA * lag_mean_s,
             },
         )
-        ttft_splits.append((total, {"queueing": queueing, "engine": engine_s, **gateway}))
+        server_parts = {"queueing": queueing, "engine": engine_s, "first_text": first_text_s}
+        ttft_splits.append((total, {**server_parts, **gateway}))
     ttft_total = _mean([t for t, _ in ttft_splits])
     ttft_parts = (
         {k: sum(p[k] for _, p in ttft_splits) / len(ttft_splits) for k in ttft_splits[0][1]}
@@ -226,6 +235,7 @@ def breakdown(
         "duration_s": counters.duration_s,
         "chats": len(chats),
         "chats_with_server_timings": len(timed),
+        "chats_with_text_timings": sum(1 for c in timed if c.server_text_ttft_s is not None),
         "ttft_s": _block(ttft_total, ttft_parts),
         "itl_s": _block(itl_total, itl_parts),
         "chat_ttft_client_s": {

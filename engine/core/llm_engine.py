@@ -171,8 +171,9 @@ class LLMEngine:
         if detok is not None:
             delta = detok.add_tokens([token])
             text = delta.text
-            if text:
+            if text and seq.awaits_first_text:
                 seq.awaits_first_text = False
+                seq.metrics.first_text_s = seq.metrics.token_times_s[-1]
             if delta.stop_matched is not None:
                 reason = "stop"
             elif reason is not None:

@@ -32,6 +32,9 @@ class RequestMetrics:
     arrival_s: float
     first_scheduled_s: float | None = None
     first_token_s: float | None = None
+    # The first token whose text is not empty: what a streaming client sees as its first
+    # token (a multi-byte character's first bytes or a held-back stop string show nothing).
+    first_text_s: float | None = None
     # The time each output token was produced (the end of the step that sampled it).
     token_times_s: list[float] = field(default_factory=list)
     finished_s: float | None = None
@@ -46,6 +49,10 @@ class RequestMetrics:
     @property
     def ttft_s(self) -> float | None:
         return None if self.first_token_s is None else self.first_token_s - self.arrival_s
+
+    @property
+    def text_ttft_s(self) -> float | None:
+        return None if self.first_text_s is None else self.first_text_s - self.arrival_s
 
     @property
     def itls_s(self) -> list[float]:

@@ -63,6 +63,8 @@ def timings_of(metrics: RequestMetrics | None) -> dict[str, Any]:
     return {
         "queue_s": metrics.queue_delay_s,
         "ttft_s": metrics.ttft_s,
+        # The first token with text (None when the request had no detokenized output).
+        "text_ttft_s": metrics.text_ttft_s,
         "e2e_s": metrics.e2e_s,
         "preemptions": metrics.num_preemptions,
         "cached_prompt_tokens": metrics.num_cached_prompt_tokens,

@@ -70,10 +70,12 @@ def test_breakdown_writes_parts_that_add_up(
     report = json.loads((out / "breakdown.json").read_text())
     assert report["chats"] > 0
     assert report["chats_with_server_timings"] == report["chats"]
+    assert report["chats_with_text_timings"] == report["chats"]
     _adds_up(report["ttft_s"])
     assert set(report["ttft_s"]["parts"]) == {
         "queueing",
         "engine",
+        "first_text",
         "redis",
         "event_loop_lag",
         "other_gateway",
@@ -126,6 +128,7 @@ def test_ttft_parts_worked_by_hand() -> None:
     parts = report["ttft_s"]["parts"]
     assert parts["queueing"] == pytest.approx(0.1)
     assert parts["engine"] == pytest.approx(0.2)
+    assert parts["first_text"] == 0.0  # the server did not report its first text
     assert parts["redis"] == pytest.approx(0.002 + 0.002 / 3)
     assert parts["event_loop_lag"] == pytest.approx(0.01)
     assert parts["other_gateway"] == pytest.approx(0.2 - 0.01 - 0.002 - 0.002 / 3)
@@ -137,6 +140,18 @@ def test_ttft_parts_worked_by_hand() -> None:
     pairs = report["predicted_vs_measured_ttft"]["interactive"]
     assert (pairs["count"], pairs["under_predicted"]) == (1, 0)
     assert report["redis"]["calls_per_request"] == pytest.approx(50.0)
+
+
+def test_the_wait_for_the_first_text_is_its_own_part() -> None:
+    # The same chat, its first token sampled at 0.3 s but with text only at 0.38 s: those
+    # 80 ms leave other_gateway for first_text, and the parts still add up to 0.5 s.
+    chat = ChatTimes(0.5, (0.2,), server_ttft_s=0.3, server_queue_s=0.1, server_text_ttft_s=0.38)
+    report = breakdown([chat], _counters())
+    parts = report["ttft_s"]["parts"]
+    assert (parts["engine"], parts["first_text"]) == pytest.approx((0.2, 0.08))
+    assert parts["other_gateway"] == pytest.approx(0.12 - 0.01 - 0.002 - 0.002 / 2)
+    assert sum(parts.values()) == pytest.approx(0.5)
+    assert report["chats_with_text_timings"] == 1
 
 
 def test_named_parts_larger_than_the_total_are_scaled_down_to_it() -> None:

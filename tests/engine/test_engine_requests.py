@@ -343,10 +343,16 @@ def test_a_sequence_awaits_its_first_text_until_a_delta_carries_some(engine: LLM
     text, ids = engine.scheduler.get("text"), engine.scheduler.get("ids")
     assert text is not None and ids is not None
     assert text.awaits_first_text and not ids.awaits_first_text
-    seen = ""
+    seen, deltas = "", []
     while engine.has_unfinished_requests():
-        seen += "".join(o.new_text for o in engine.step() if o.request_id == "text")
+        deltas += [o for o in engine.step() if o.request_id == "text"]
+        seen = "".join(o.new_text for o in deltas)
         if not text.is_finished:
             assert text.awaits_first_text == (seen == "")
         assert not ids.awaits_first_text
     assert seen  # the flag did go down
+    # ... at the time of the first delta with text (one token per delta here)
+    metrics = deltas[-1].metrics
+    assert metrics is not None and metrics.first_text_s is not None
+    first_with_text = next(i for i, o in enumerate(deltas) if o.new_text)
+    assert metrics.first_text_s == metrics.token_times_s[first_with_text]

@@ -316,6 +316,8 @@ class VllmAsyncEngine:
             text = delta.text
             if delta.stop_matched is not None:
                 reason = "stop"
+        if text and metrics.first_text_s is None:
+            metrics.first_text_s = now_s
         if reason is None:
             return RequestOutput(
                 live.request.request_id,
