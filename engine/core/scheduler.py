@@ -7,8 +7,8 @@ step (see policies/step_budget.py for the split; whether the cap holds with no i
 sequence in: policies/interactive_presence.py). A step that runs an interactive prefill (or
 decodes a chat whose tokens made no text yet) leaves bulk decodes out too, unless the step
 before did so (`defers_bulk`; aged bulk's guarantee moves to the next step). When KV blocks run
-out a sequence is preempted by recompute: bulk first, youngest first; an
-interactive sequence is never preempted to make room for bulk.
+out a sequence is preempted by recompute: bulk first, youngest first; an interactive sequence
+is never preempted to make room for bulk.
 """
 
 from __future__ import annotations
@@ -106,10 +106,6 @@ class Scheduler:
         seq.status = SequenceStatus.FINISHED
         seq.finish_reason = reason
 
-    def get(self, seq_id: str) -> Sequence | None:
-        """An unfinished sequence by id."""
-        return self._by_id.get(seq_id)
-
     def has_unfinished(self) -> bool:
         return bool(self.running or self.waiting[INTERACTIVE] or self.waiting[BULK])
 
@@ -149,11 +145,8 @@ class Scheduler:
             )
         self._schedule_prefills(BULK, bulk_prefill_cap, state, now_s, bulk_aged)
         self._bulk_deferred_last_step = defer_bulk
-        self._bulk_carried_tokens = (
-            bulk_guarantee_tokens(self.config.step_token_budget, self.config.bulk_min_share)
-            if defer_bulk and bulk_aged
-            else 0
-        )
+        guarantee = bulk_guarantee_tokens(self.config.step_token_budget, self.config.bulk_min_share)
+        self._bulk_carried_tokens = guarantee if defer_bulk and bulk_aged else 0
 
         chunks = sorted(state.chunks.values(), key=lambda c: not c.is_decode)
         output = SchedulerOutput(
@@ -197,12 +190,8 @@ class Scheduler:
         )
 
     def _interactive_first_token_pending(self) -> bool:
-        """An interactive prompt waits or is part-way through its prefill, or its sampled
-        tokens decode to no text yet: the client's first token (its first text) is still on
-        the way. Measured on the `small` preset's random weights (2-vCPU AMD EPYC): the chat
-        that set the TTFT p99 under the backlog in every repeat showed its first text 42-62 ms
-        after its first token was sampled: the steps between were bulk-chunk steps of 22-37 ms
-        (2-4 ms alone)."""
+        """An interactive prompt waits or is in its prefill, or its sampled tokens make no text
+        yet (`defers_bulk`: the client's first token is its first text)."""
         return bool(self.waiting[INTERACTIVE]) or any(
             self.queue_of(s) is INTERACTIVE and (not s.is_decoding or s.awaits_first_text)
             for s in self.running

@@ -340,8 +340,8 @@ def test_a_sequence_awaits_its_first_text_until_a_delta_carries_some(engine: LLM
     engine.add_request(
         GenerationRequest("ids", PROMPT, dataclasses.replace(GREEDY, detokenize=False))
     )
-    text, ids = engine.scheduler.get("text"), engine.scheduler.get("ids")
-    assert text is not None and ids is not None
+    text, ids = engine.scheduler.waiting[RequestClass.INTERACTIVE]
+    assert (text.seq_id, ids.seq_id) == ("text", "ids")
     assert text.awaits_first_text and not ids.awaits_first_text
     seen, deltas = "", []
     while engine.has_unfinished_requests():
