@@ -171,13 +171,14 @@ class LLMEngine:
         if detok is not None:
             delta = detok.add_tokens([token])
             text = delta.text
-            if text and seq.awaits_first_text:
-                seq.awaits_first_text = False
-                seq.metrics.first_text_s = seq.metrics.token_times_s[-1]
             if delta.stop_matched is not None:
                 reason = "stop"
             elif reason is not None:
                 text += detok.flush()
+            # After the flush: a request whose only text is the held-back tail shows it here.
+            if text and seq.awaits_first_text:
+                seq.awaits_first_text = False
+                seq.metrics.first_text_s = seq.metrics.token_times_s[-1]
         if reason is None:
             return RequestOutput(
                 seq.seq_id, [token], text, False, None, seq.num_prompt_tokens, seq.num_output_tokens

@@ -356,3 +356,15 @@ def test_a_sequence_awaits_its_first_text_until_a_delta_carries_some(engine: LLM
     assert metrics is not None and metrics.first_text_s is not None
     first_with_text = next(i for i, o in enumerate(deltas) if o.new_text)
     assert metrics.first_text_s == metrics.token_times_s[first_with_text]
+
+
+def test_first_text_time_is_set_exactly_when_a_request_showed_text(engine: LLMEngine) -> None:
+    # One-token requests: a token that is a character's first bytes shows its text only in
+    # the final flush, which must count as the first text too.
+    one = dataclasses.replace(GREEDY, max_tokens=1)
+    for i in range(12):
+        engine.add_request(GenerationRequest(f"r{i}", PROMPT[i:], one))
+    for request_id, result in _drain(engine).items():
+        metrics = result.final.metrics
+        assert metrics is not None
+        assert (metrics.first_text_s is not None) == bool(result.text), request_id

@@ -316,6 +316,10 @@ class VllmAsyncEngine:
             text = delta.text
             if delta.stop_matched is not None:
                 reason = "stop"
+        finishing = reason is not None
+        if finishing and live.detokenizer is not None and live.detokenizer.stop_matched is None:
+            text += live.detokenizer.flush()
+        # After the flush: a request whose only text is the held-back tail shows it here.
         if text and metrics.first_text_s is None:
             metrics.first_text_s = now_s
         if reason is None:
@@ -328,8 +332,6 @@ class VllmAsyncEngine:
                 len(live.request.prompt_token_ids),
                 live.num_output_tokens,
             )
-        if live.detokenizer is not None and live.detokenizer.stop_matched is None:
-            text += live.detokenizer.flush()
         return self._final(live, tokens, text, reason)
 
     def _final(self, live: _Live, tokens: list[int], text: str, reason: str) -> RequestOutput:
