@@ -117,6 +117,7 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
                 "MIXGATE_KV_CACHE_BYTES": str(256 << 20),
                 "MIXGATE_LEASE_S": "10",
                 "MIXGATE_LOG_LEVEL": "warning",
+                "MIXGATE_ENGINE": args.engine,
             },
         ).start()
         try:
@@ -144,12 +145,18 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
     report["engine"]["steps_unseen"] = delta.engine_steps_unseen
     report["workload"] = workload.name
     report["policy"] = args.policy
+    report["engine_backend"] = args.engine
     summary = summarize(result.records, result.duration_s)
     report["summary"] = summary
     write_run_folder(
         out / "run",
         workload_toml=dump_workload(workload),
-        runtime_config={"policy": args.policy, "threads": args.threads, "offered": result.offered},
+        runtime_config={
+            "policy": args.policy,
+            "engine": args.engine,
+            "threads": args.threads,
+            "offered": result.offered,
+        },
         records=result.records,
         samples=result.samples,
         summary=summary,

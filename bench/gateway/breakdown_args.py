@@ -20,6 +20,12 @@ def add_breakdown_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--threads", type=int, default=2, help="server torch threads")
     parser.add_argument("--duration-s", type=float, default=None, help="override the workload's")
     parser.add_argument("--policy", default="mixgate", help="the server's scheduling policy")
+    parser.add_argument(
+        "--engine",
+        choices=("native", "vllm"),
+        default="native",
+        help="the server's engine (vllm: start it from .venv-vllm/bin/python)",
+    )
     parser.add_argument("--envelope", default=None, help="envelope TOML for the server")
     parser.add_argument("--drain-s", type=float, default=10.0, help="wait after the schedule")
     parser.add_argument("--json", default=None, help="default: OUT/breakdown.json")
