@@ -17,7 +17,7 @@ In the native engine such a step carries no bulk decodes either, nor aged bulk's
 (`defers_bulk`), and never two steps in a row: the step after it carries the guarantee it
 skipped on top of its own (`bulk_carried_tokens`), so a flood of chats slows bulk decodes to
 every other step at worst and aged bulk still gets its share over any two steps (the vLLM
-backend does not defer: docs/ARCHITECTURE.md, "Scheduling model").
+backend defers bulk prefill only, its decodes stay: docs/ARCHITECTURE.md, "Scheduling model").
 """
 
 from __future__ import annotations

@@ -116,11 +116,14 @@ def test_under_mixgate_a_chat_prompt_takes_the_budget_left_in_one_step() -> None
     assert waiting_plan.bulk_prefill_tokens == 0
     assert waiting_plan.token_budget == 512
     assert set(waiting_plan.running_order) == set(range(32))
-    # Once running, the chat's rest goes in the next step, and bulk prefill keeps its cap.
+    # Once running, the chat's rest goes in the next step, still without bulk prefill (its
+    # first token comes out of that step); once it decodes, bulk prefill has its cap again.
     rest = compose_step([*running, item(999, INTER, 226)], [], knobs)
     assert rest.interactive_prefill_tokens == 226
-    assert rest.bulk_prefill_tokens == 128
+    assert rest.bulk_prefill_tokens == 0
     assert rest.running_order[:32] == tuple(range(32)) and 999 in rest.running_order
+    decoding = compose_step([*running, item(999, INTER, 1)], [], knobs)
+    assert decoding.bulk_prefill_tokens == 128
 
 
 def test_interactive_prefill_takes_the_budget_before_fresh_bulk() -> None:
@@ -132,25 +135,61 @@ def test_interactive_prefill_takes_the_budget_before_fresh_bulk() -> None:
 
 
 def test_a_waiting_interactive_prompt_holds_back_partial_bulk_chunks() -> None:
-    knobs = StepKnobs(64, 32, 48, 0.25, 5.0)
-    running = [item(0, BULK, 600), item(1, BULK, 600)]
+    # Aged bulk keeps its guarantee (48 tokens) in a chat's step when the step before deferred it.
+    knobs = StepKnobs(64, 32, 48, 0.75, 5.0)
+    running = [item(0, BULK, 600, age_s=6.0), item(1, BULK, 600, age_s=6.0)]
     waiting = [item(2, INTER, 100)]
-    plan = compose_step(running, waiting, knobs)
+    plan = compose_step(running, waiting, knobs, deferred_last_step=True)
     # 48 tokens of bulk allowance = one whole 32-token chunk; the waiting prompt gets the rest.
     assert plan.running_order == (0,)
     assert plan.held_back == frozenset({1})
     assert plan.token_budget == 64
 
 
-def test_aged_bulk_is_guaranteed_its_min_share() -> None:
+def test_a_chat_prefill_step_takes_no_bulk_prefill_though_vllm_would_admit_it_after_the_chat() -> (
+    None
+):
+    # 16 bulk decodes, bulk prefills running and waiting, a chat waiting: vLLM walks the
+    # decodes, admits the chat, then admits waiting bulk with whatever budget is left.
+    running = [item(k, BULK, 1) for k in range(16)] + [item(20, BULK, 900)]
+    waiting = [item(100 + k, BULK, 900) for k in range(10)] + [item(999, INTER, 150)]
+    knobs = StepKnobs(512, 512, 128, 0.2, 5.0)
+    plan = compose_step(running, waiting, knobs, interactive_present=True)
+    assert plan.interactive_prefill_tokens == 150
+    assert plan.bulk_prefill_tokens == 0
+    # The budget is the decodes and the chat's prompt: nothing is left for a bulk chunk.
+    assert plan.token_budget == 16 + 150
+    assert plan.held_back == frozenset({20})
+    # The step after (the chat decoding) takes its bulk chunk again.
+    after = compose_step([*running, item(999, INTER, 1)], waiting[:-1], knobs)
+    assert after.bulk_prefill_tokens == 128
+
+
+def test_aged_bulk_is_guaranteed_its_min_share_over_any_two_steps() -> None:
     running = [item(0, BULK, 600, age_s=6.0)] + [item(k, INTER, 1) for k in range(1, 9)]
     waiting = [item(20 + k, INTER, 200) for k in range(8)]
     fresh = compose_step([item(0, BULK, 600, age_s=0.1)] + running[1:], waiting, KNOBS)
-    aged = compose_step(running, waiting, KNOBS)
-    assert aged.bulk_aged and not fresh.bulk_aged
-    assert fresh.bulk_prefill_tokens == 0
-    assert aged.bulk_prefill_tokens >= 32
-    assert aged.interactive_prefill_tokens < fresh.interactive_prefill_tokens
+    assert not fresh.bulk_aged and fresh.bulk_prefill_tokens == 0
+    assert fresh.deferred_bulk and fresh.carried_bulk_tokens == 0  # nothing aged to carry
+    # A chat's prefill step defers aged bulk's guarantee (64 tokens) to the next step...
+    first = compose_step(running, waiting, KNOBS)
+    assert first.bulk_aged and first.deferred_bulk
+    assert first.bulk_prefill_tokens == 0
+    assert first.carried_bulk_tokens == 64
+    # ...which never defers, whatever waits, and pays it beside its own.
+    second = compose_step(
+        running,
+        waiting,
+        KNOBS,
+        deferred_last_step=first.deferred_bulk,
+        bulk_carried_tokens=first.carried_bulk_tokens,
+    )
+    assert not second.deferred_bulk and second.carried_bulk_tokens == 0
+    assert second.bulk_prefill_tokens >= 32
+    assert second.interactive_prefill_tokens < first.interactive_prefill_tokens
+    # And the step after that may defer again: bulk runs at least every other step.
+    third = compose_step(running, waiting, KNOBS, deferred_last_step=second.deferred_bulk)
+    assert third.deferred_bulk and third.bulk_prefill_tokens == 0
 
 
 @pytest.mark.parametrize("policy", ["mixgate", "priority", "fcfs"])

@@ -22,6 +22,7 @@ from typing import Any
 
 from vllm.v1.core.sched.scheduler import Scheduler
 
+from engine.backends.vllm.first_text import load_watch
 from engine.backends.vllm.step_plan import (
     WorkItem,
     admission_limit,
@@ -68,6 +69,25 @@ class ClassAwareScheduler(Scheduler):  # type: ignore[misc]
         super().__init__(*args, **kwargs)
         self.mixgate_knobs = knobs_from_config(self.vllm_config.additional_config)
         self.mixgate_presence = InteractivePresence(self.mixgate_knobs.interactive_linger_s)
+        self.mixgate_first_text = load_watch(self.vllm_config.model_config.model)
+        # The last step's composition: whether it deferred aged bulk, and what it carried.
+        self.mixgate_deferred_last_step = False
+        self.mixgate_carried_bulk_tokens = 0
+
+    def _awaits_first_text(self, running: list[Any]) -> bool:
+        """Whether a running chat has sampled tokens that made no text yet."""
+        if self.mixgate_first_text is None:
+            return False
+        chats = [r for r in running if r.priority <= INTERACTIVE_PRIORITY]
+        self.mixgate_first_text.keep_only({r.request_id for r in chats})
+        # NOTE: no short cut with any(): each chat's detokenizer takes its new tokens every step.
+        awaiting = [
+            self.mixgate_first_text.awaits_first_text(
+                r.request_id, r.prompt_token_ids or (), r.output_token_ids
+            )
+            for r in chats
+        ]
+        return any(awaiting)
 
     def schedule(self, *args: Any, **kwargs: Any) -> Any:
         now_s = time.time()
@@ -75,7 +95,17 @@ class ClassAwareScheduler(Scheduler):  # type: ignore[misc]
         items = [_work_item(i, r, now_s) for i, r in enumerate(running)]
         waiting = [_work_item(len(running) + i, r, now_s) for i, r in enumerate(self.waiting)]
         present = self.mixgate_presence.observe(interactive_in_engine(items, waiting), now_s)
-        plan = compose_step(items, waiting, self.mixgate_knobs, interactive_present=present)
+        plan = compose_step(
+            items,
+            waiting,
+            self.mixgate_knobs,
+            interactive_present=present,
+            deferred_last_step=self.mixgate_deferred_last_step,
+            bulk_carried_tokens=self.mixgate_carried_bulk_tokens,
+            interactive_awaits_first_text=self._awaits_first_text(running),
+        )
+        self.mixgate_deferred_last_step = plan.deferred_bulk
+        self.mixgate_carried_bulk_tokens = plan.carried_bulk_tokens
         held = [running[i] for i in sorted(plan.held_back)]
         saved = (self.max_num_scheduled_tokens, self.max_num_running_reqs, self.max_num_active_reqs)
         # NOTE: requests set aside still hold their slots; vLLM counts slots as len(running),
