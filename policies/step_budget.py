@@ -87,13 +87,23 @@ def bulk_guarantee_tokens(step_token_budget: int, bulk_min_share: float) -> int:
 
 
 def bulk_prefill_cap_after_interactive(
-    plan: StepBudgetPlan, *, interactive_prefill_tokens: int
+    plan: StepBudgetPlan, *, interactive_prefill_tokens: int, deferred: bool = False
 ) -> int:
-    """The bulk prefill cap once the step's interactive prefill is known: only what bulk is
-    guaranteed when an interactive prefill runs in this step, the plan's cap otherwise."""
+    """The bulk prefill cap once the step's interactive prefill is known: none in a step that
+    defers bulk (`defers_bulk`), only what bulk is guaranteed when an interactive prefill runs
+    in this step, the plan's cap otherwise."""
+    if deferred:
+        return 0
     if interactive_prefill_tokens > 0:
         return plan.bulk_reserved_prefill_tokens
     return plan.bulk_prefill_cap_tokens
+
+
+def carried_bulk_tokens(
+    *, step_token_budget: int, bulk_min_share: float, deferred: bool, bulk_aged: bool
+) -> int:
+    """What a step that deferred aged bulk leaves the next one to pay (`bulk_carried_tokens`)."""
+    return bulk_guarantee_tokens(step_token_budget, bulk_min_share) if deferred and bulk_aged else 0
 
 
 def defers_bulk(*, first_token_pending: bool, deferred_last_step: bool) -> bool:

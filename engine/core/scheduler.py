@@ -4,11 +4,10 @@ Each step fills `step_token_budget` with at most `max_active_seqs` running bulk 
 interactive ones beside them up to `max_running_seqs` (the overcommit): interactive decodes,
 bulk decodes, interactive prefill chunks (oldest first), then bulk prefill chunks capped per
 step (see policies/step_budget.py for the split; whether the cap holds with no interactive
-sequence in: policies/interactive_presence.py). A step that runs an interactive prefill (or
-decodes a chat whose tokens made no text yet) leaves bulk decodes out too, unless the step
-before did so (`defers_bulk`; aged bulk's guarantee moves to the next step). When KV blocks run
-out a sequence is preempted by recompute: bulk first, youngest first; an interactive sequence
-is never preempted to make room for bulk.
+sequence in: policies/interactive_presence.py). A step for a chat's first token (its prefill,
+or a decode whose tokens made no text yet) leaves bulk out, decodes too, unless the step before
+did (`defers_bulk`). When KV blocks run out a sequence is preempted by recompute: bulk first,
+youngest first; an interactive sequence is never preempted to make room for bulk.
 """
 
 from __future__ import annotations
@@ -28,8 +27,8 @@ from policies.request_class import RequestClass
 from policies.scheduling_policy import SchedulingPolicy
 from policies.step_budget import (
     StepBudgetPlan,
-    bulk_guarantee_tokens,
     bulk_prefill_cap_after_interactive,
+    carried_bulk_tokens,
     defers_bulk,
     plan_step_budget,
 )
@@ -57,8 +56,7 @@ class Scheduler:
         self._step_index = 0
         self.policy = SchedulingPolicy(config.scheduling_policy)
         self._interactive_presence = InteractivePresence(config.interactive_linger_s)
-        # Whether the last step left bulk out for an interactive prefill (policies/step_budget),
-        # and the aged bulk guarantee it left for this step to pay.
+        # Whether the last step deferred bulk (`defers_bulk`), and the guarantee it carried.
         self._bulk_deferred_last_step = False
         self._bulk_carried_tokens = 0
 
@@ -137,16 +135,18 @@ class Scheduler:
         # NOTE: a pending interactive prompt gets in by preempting unaged bulk; if one still
         # does not, this step runs without bulk all the same, and the next one does not defer.
         bulk_prefill_cap = plan.bulk_prefill_cap_tokens
-        if defer_bulk:
-            bulk_prefill_cap = 0
-        elif self.policy.caps_bulk_prefill:
+        if self.policy.caps_bulk_prefill:
             bulk_prefill_cap = bulk_prefill_cap_after_interactive(
-                plan, interactive_prefill_tokens=interactive_prefill_tokens
+                plan, interactive_prefill_tokens=interactive_prefill_tokens, deferred=defer_bulk
             )
         self._schedule_prefills(BULK, bulk_prefill_cap, state, now_s, bulk_aged)
         self._bulk_deferred_last_step = defer_bulk
-        guarantee = bulk_guarantee_tokens(self.config.step_token_budget, self.config.bulk_min_share)
-        self._bulk_carried_tokens = guarantee if defer_bulk and bulk_aged else 0
+        self._bulk_carried_tokens = carried_bulk_tokens(
+            step_token_budget=self.config.step_token_budget,
+            bulk_min_share=self.config.bulk_min_share,
+            deferred=defer_bulk,
+            bulk_aged=bulk_aged,
+        )
 
         chunks = sorted(state.chunks.values(), key=lambda c: not c.is_decode)
         output = SchedulerOutput(

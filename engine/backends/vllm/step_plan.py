@@ -31,8 +31,8 @@ from typing import Any
 from policies.interactive_presence import DEFAULT_LINGER_S
 from policies.request_class import RequestClass
 from policies.step_budget import (
-    bulk_guarantee_tokens,
     bulk_prefill_cap_after_interactive,
+    carried_bulk_tokens,
     defers_bulk,
     plan_step_budget,
 )
@@ -194,10 +194,9 @@ def compose_step(
     # the budget itself must leave none: a bulk chunk admitted beside a chat's prefill made
     # that step 35-55 ms instead of ~25 (`small`, 2-vCPU AMD EPYC, a step trace of
     # chat-over-backlog: ~128 bulk prefill tokens in every chat's prefill step).
-    bulk_cap = bulk_prefill_cap_after_interactive(plan, interactive_prefill_tokens=inter_tokens)
-    if defer:
-        # Waiting for a chat's first text: nothing beyond what bulk is guaranteed either.
-        bulk_cap = min(bulk_cap, plan.bulk_reserved_prefill_tokens)
+    bulk_cap = bulk_prefill_cap_after_interactive(
+        plan, interactive_prefill_tokens=inter_tokens, deferred=defer
+    )
     bulk_tokens = min(demand[bulk], bulk_cap, left - inter_tokens)
     # Running interactive prefills come first: only as many as their share covers.
     shown_inter = _admit_within(prefills[inter], inter_tokens, knobs)
@@ -223,10 +222,11 @@ def compose_step(
         bulk_prefill_tokens=bulk_tokens,
         bulk_aged=bulk_aged,
         deferred_bulk=defer,
-        carried_bulk_tokens=(
-            bulk_guarantee_tokens(knobs.step_token_budget, knobs.bulk_min_share)
-            if defer and bulk_aged
-            else 0
+        carried_bulk_tokens=carried_bulk_tokens(
+            step_token_budget=knobs.step_token_budget,
+            bulk_min_share=knobs.bulk_min_share,
+            deferred=defer,
+            bulk_aged=bulk_aged,
         ),
     )
 
