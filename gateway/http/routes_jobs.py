@@ -27,9 +27,8 @@ from gateway.http.body import read_json_body
 from gateway.http.errors import APIError
 from gateway.http.schemas import chat_completion_body, job_deadline_s, parse_job_request
 from gateway.http.state import GatewayState
-from gateway.queue import JobRecord, JobStatus
+from gateway.queue import JobStatus
 from gateway.queue.job import JobStatusView
-from gateway.queue.payload import JobPayload
 from gateway.runtime.redis_health import require_redis
 from policies.request_class import RequestClass
 
@@ -123,15 +122,15 @@ async def list_jobs(request: Request) -> Response:
     if not 1 <= limit <= MAX_PAGE:
         raise APIError.invalid_request(f"limit must be an integer in 1..{MAX_PAGE}", param="limit")
     after = request.query_params.get("after")
-    records = await _store(state).list_jobs(principal.tenant, limit + 1, after)
-    page = records[:limit]
+    views = await _store(state).list_jobs(principal.tenant, limit + 1, after)
+    page = views[:limit]
     return _json(
         {
             "object": "list",
-            "data": [job_object(_view(r)) for r in page],
+            "data": [job_object(view) for view in page],
             "first_id": page[0].job_id if page else None,
             "last_id": page[-1].job_id if page else None,
-            "has_more": len(records) > limit,
+            "has_more": len(views) > limit,
         }
     )
 
@@ -159,28 +158,6 @@ def _json(body: dict[str, Any], status_code: int = 200, headers: Any = None) -> 
     # orjson: job bodies (and their results) are the hot path of every poll.
     return Response(
         orjson.dumps(body), status_code=status_code, headers=headers, media_type="application/json"
-    )
-
-
-def _view(record: JobRecord) -> JobStatusView:
-    """A full record (listing) as the status fields a job object shows."""
-    payload = JobPayload.from_json(record.request_json)
-    return JobStatusView(
-        job_id=record.job_id,
-        tenant=record.tenant,
-        request_class=record.request_class,
-        status=record.status,
-        model=payload.model,
-        created_s=payload.created_s,
-        enqueue_ms=record.enqueue_ms,
-        deadline_ms=record.deadline_ms,
-        started_ms=record.started_ms,
-        finished_ms=record.finished_ms,
-        attempts=record.attempts,
-        custom_id=record.custom_id,
-        metadata_json=record.metadata_json,
-        result_json=record.result_json,
-        error_json=record.error_json,
     )
 
 

@@ -342,8 +342,10 @@ class QueueStore:
             created_s=int(request.get("created_s", view.created_s)),
         )
 
-    async def list_jobs(self, tenant: str, limit: int, after: str | None) -> list[JobRecord]:
-        """The tenant's jobs, newest first; pass the last id of a page as `after` for the next."""
+    async def list_jobs(self, tenant: str, limit: int, after: str | None) -> list[JobStatusView]:
+        """The tenant's jobs, newest first, as their status fields (never the request: a poller
+        that pages through a backlog of long prompts would otherwise read and parse every
+        prompt on each poll); pass the last id of a page as `after` for the next."""
         if limit < 1:
             raise ValueError(f"limit must be >= 1, got {limit}")
         ids = await self._scripts["list_page"](
@@ -351,12 +353,13 @@ class QueueStore:
         )
         if not ids:
             return []
-        pipe = self._redis.pipeline(transaction=False)
-        for job_id in ids:
-            pipe.hgetall(self.keys.job(redis_text(job_id)))
-        hashes = await pipe.execute()
+        views = await self.job_statuses([redis_text(job_id) for job_id in ids])
         # A hash may be gone (retention) while the listing entry remains: skip it.
-        return [JobRecord.from_hash(h) for h in hashes if h]
+        return [
+            view if view.model else await self._with_model_from_request(view)
+            for view in views
+            if view is not None
+        ]
 
     async def depths(self) -> dict[RequestClass, QueueDepth]:
         """Jobs and queued tokens per class, read in one round trip."""

@@ -200,14 +200,18 @@ def test_jobs_complete_exactly_once_while_chats_stream(
     assert all(b["attempts"] == 1 for b in done.values())
     assert sorted(b["custom_id"] for b in done.values()) == sorted(f"c-{i}" for i in range(50))
     assert all(b["response"]["choices"][0]["message"]["content"] is not None for b in done.values())
-    listed, after = [], None
+    listed: list[dict[str, Any]] = []
+    after = None
     while True:
         page = client.get("/v1/jobs", params={"limit": 20, **({"after": after} if after else {})})
-        listed += [j["id"] for j in page.json()["data"]]
+        listed += page.json()["data"]
         if not page.json()["has_more"]:
             break
         after = page.json()["last_id"]
-    assert set(ids) <= set(listed) and len(listed) == len(set(listed))
+    listed_ids = [j["id"] for j in listed]
+    assert set(ids) <= set(listed_ids) and len(listed_ids) == len(set(listed_ids))
+    # The listing shows each job as GET /v1/jobs/{id} does (result included).
+    assert {j["id"]: j for j in listed if j["id"] in done} == done
 
 
 def test_cancel_running_and_queued_jobs(

@@ -425,6 +425,19 @@ async def test_list_jobs_pages_newest_first(store: QueueStore) -> None:
     assert await store.list_jobs("t1", limit=2, after="other") == []
 
 
+async def test_a_listing_reads_status_fields_never_the_request(store: QueueStore) -> None:
+    # A poller pages through every outstanding job; the request (the tokenized prompt) is most
+    # of each hash. The listing must not read it: a job whose stored request is unreadable
+    # still lists, with the model and created time its status fields hold.
+    await store.admit(_job("a", model="tiny", created_s=1_700_000_000, request_json="{not json"))
+    await store.admit(_job("b", enqueue_ms=T0 + 1, model="tiny", created_s=1_700_000_001))
+    listed = await store.list_jobs("t1", limit=10, after=None)
+    assert [(v.job_id, v.model, v.created_s, v.status) for v in listed] == [
+        ("b", "tiny", 1_700_000_001, JobStatus.QUEUED),
+        ("a", "tiny", 1_700_000_000, JobStatus.QUEUED),
+    ]
+
+
 # ---- wake-ups ----------------------------------------------------------------------------
 
 
