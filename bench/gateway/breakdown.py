@@ -63,6 +63,8 @@ def _chats(result: LoadResult, sender: BreakdownSender) -> list[ChatTimes]:
                 server_text_ttft_s=extras.server_text_ttft_s if extras else None,
                 server_queue_s=record.queue_delay_s,
                 predicted_ttft_s=extras.predicted_ttft_s if extras else None,
+                request_id=record.request_id,
+                sent_s=record.sent_s,
             )
         )
     return chats
@@ -205,6 +207,17 @@ def _print(report: dict[str, Any]) -> None:
             str(block["under_predicted"]),
         )
     console.print(predicted)
+    slowest = Table(title="slowest chats (client TTFT; sent: seconds into the run)")
+    for column in ("chat", "sent s", "TTFT", "queueing", "engine", "first text", "gateway"):
+        slowest.add_column(column, justify="right")
+    for chat in report["slowest_chats"]:
+        slowest.add_row(
+            chat["request_id"],
+            "-" if chat["sent_s"] is None else f"{chat['sent_s']:.2f}",
+            *(_ms(chat[k]) for k in ("ttft_s", "queueing_s", "engine_s", "first_text_s")),
+            _ms(chat["gateway_s"]),
+        )
+    console.print(slowest)
     redis, loop = report["redis"], report["event_loop"]
     console.print(
         f"redis: {redis['calls']} commands, {redis['usec_per_call']:.1f} µs each server-side; "

@@ -48,6 +48,9 @@ __all__ = [
 
 # Redis commands that carry token deltas (the rest is admission, claims, leases, results).
 STREAM_COMMANDS: Final = frozenset({"xadd", "xread", "xreadgroup", "xrange", "xrevrange"})
+# The slowest chats listed one by one: a p99 over a 30 s run's ~60 chats is its one or two
+# slowest, so what those few waited for is what the tail is.
+SLOWEST_CHATS: Final = 5
 # Event-loop wake-ups between a delta ready in the engine and its bytes on the socket: the
 # dispatcher's job task (to XADD it), the handler (XREAD answered -> SSE write).
 LOOP_HOPS_PER_DELTA: Final = 2
@@ -63,6 +66,8 @@ class ChatTimes:
     server_queue_s: float | None  # server: admission -> first engine step
     server_text_ttft_s: float | None = None  # server: admission -> first token with text
     predicted_ttft_s: float | None = None  # admission's prediction (x-mixgate-predicted-ttft-ms)
+    request_id: str = ""
+    sent_s: float | None = None  # client: when it was sent, from the run's start
 
 
 @dataclass(frozen=True, slots=True)
@@ -185,6 +190,7 @@ def breakdown(
     timed = [c for c in chats if c.server_ttft_s is not None and c.server_queue_s is not None]
 
     ttft_splits = []
+    slowest: list[tuple[float, ChatTimes, dict[str, float]]] = []
     for chat in timed:
         assert chat.server_ttft_s is not None and chat.server_queue_s is not None
         queueing = max(0.0, chat.server_queue_s)
@@ -204,6 +210,7 @@ def breakdown(
         )
         server_parts = {"queueing": queueing, "engine": engine_s, "first_text": first_text_s}
         ttft_splits.append((total, {**server_parts, **gateway}))
+        slowest.append((total, chat, server_parts))
     ttft_total = _mean([t for t, _ in ttft_splits])
     ttft_parts = (
         {k: sum(p[k] for _, p in ttft_splits) / len(ttft_splits) for k in ttft_splits[0][1]}
@@ -243,6 +250,16 @@ def breakdown(
             "p99": percentile([c.ttft_s for c in chats], 99),
         },
         "chat_itl_client_s": {"p50": percentile(gaps, 50), "p99": percentile(gaps, 99)},
+        "slowest_chats": [
+            {
+                "request_id": chat.request_id,
+                "sent_s": chat.sent_s,
+                "ttft_s": total,
+                **{f"{name}_s": seconds for name, seconds in parts.items()},
+                "gateway_s": total - sum(parts.values()),
+            }
+            for total, chat, parts in sorted(slowest, key=lambda row: -row[0])[:SLOWEST_CHATS]
+        ],
         "redis": redis,
         "event_loop": {"lag_mean_s": lag_mean_s, "probes": counters.loop_lag_count},
         "engine": engine,

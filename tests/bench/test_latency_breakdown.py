@@ -154,6 +154,27 @@ def test_the_wait_for_the_first_text_is_its_own_part() -> None:
     assert report["chats_with_text_timings"] == 1
 
 
+def test_the_slowest_chats_are_listed_with_what_each_waited_for() -> None:
+    # A p99 over ~60 chats is its slowest one or two: each is listed, slowest first, with its
+    # own server parts and when it was sent (the first chat of a phase can meet a lull step).
+    chats = [
+        ChatTimes(0.05 + i / 1000, (), server_ttft_s=0.03, server_queue_s=0.01,
+                  request_id=f"c{i}", sent_s=float(i))
+        for i in range(8)
+    ]  # fmt: skip
+    slow = ChatTimes(0.13, (), server_ttft_s=0.12, server_queue_s=0.09, request_id="first",
+                     sent_s=0.26)  # fmt: skip
+    report = breakdown([*chats, slow], _counters())
+    listed = report["slowest_chats"]
+    assert [c["request_id"] for c in listed] == ["first", "c7", "c6", "c5", "c4"]
+    first = listed[0]
+    assert first["sent_s"] == 0.26
+    assert (first["ttft_s"], first["queueing_s"], first["engine_s"]) == pytest.approx(
+        (0.13, 0.09, 0.03)
+    )
+    assert first["gateway_s"] == pytest.approx(0.01)
+
+
 def test_named_parts_larger_than_the_total_are_scaled_down_to_it() -> None:
     parts = split_total(0.01, {"a": 0.02, "b": 0.02})
     assert parts == pytest.approx({"a": 0.005, "b": 0.005, "other_gateway": 0.0})
