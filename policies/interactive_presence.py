@@ -20,6 +20,17 @@ tokens per busy second, lifting at once vs a 2 s linger: chunk 128 168 ms (2.57x
 lingers 2 s: with chats arriving a few a second the cap stays on through the gaps between
 them, and bulk alone still gets full-budget steps 2 s after the last chat (a chat arriving
 after a longer lull waits for one such step).
+
+That one step is the slowest chat of a `chat-over-backlog` mixed phase on the AMD EPYC, on both
+engines: the phase begins after a lull, so its first bulk steps run the full 512-token budget
+(95-97 ms, an engine-process trace), and the phase's first chat (sent 0.26 s in) waited for one
+(`bench breakdown`'s slowest chats: queueing 76-119 ms; TTFT 95-176 ms against a p50 of ~30).
+What lifting buys is bulk's decode batch: with prefill capped at 64 tokens a step, admission
+keeps ~7 bulk sequences decoding instead of 32. The native engine in-process, 24 bulk requests
+of that workload drained alone, paired rounds: never lifting 0.68-0.74x the output tokens/s of
+lifting at once; lifting to a 256-token budget instead of 512, 0.92x (0.79-1.06). Clean step
+times on that CPU (`small`, 2 threads, medians): a prefill chunk costs 0.11 ms a token at 64 or
+512 tokens, 30 decodes over 100-1,500-token contexts 9.2 ms a step, and the two add up.
 Clock injected (`now_s`): the simulator runs it in virtual time.
 """
 
