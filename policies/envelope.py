@@ -143,6 +143,12 @@ def _provenance_from_dict(table: Mapping[str, object]) -> Provenance:
 # at the same bulk rate within noise (490 vs 489, 477 vs 509 tokens per busy second); on the vLLM
 # backend, whose steps carry more fixed host cost, 64 cost an eighth of its bulk rate (378 vs
 # 431 tokens per busy second, vllm-priority 455). A sweep per engine picks its own.
+# NOTE: on `mixed` (4 chats a second, so the cap is on the whole phase) 128 costs the vLLM
+# backend more: one paired probe (`--policies mixgate-vllm --repeats 1`, --envelope this default
+# with 128 or 256) gave bulk under chat / alone 433/568 at 128 and 515/521 at 256, chat TTFT p99
+# 139 vs 155 ms, ITL p99 73 vs 101 ms (vllm-priority: 1,035 and 119 in a run minutes before).
+# Not changed on one probe: the vllm-priority baseline takes this chunk too (its
+# long_prefill_token_threshold), so a change moves both sides; it wants a 3-policy sweep.
 DEFAULT_BULK_CHUNK_TOKENS: Final = {"native": 64, "vllm": 128}
 
 
