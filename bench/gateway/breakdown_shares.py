@@ -189,8 +189,8 @@ def breakdown(
     redis["other_usec_per_request"] = redis_per_request_s * 1e6
     timed = [c for c in chats if c.server_ttft_s is not None and c.server_queue_s is not None]
 
-    ttft_splits = []
-    slowest: list[tuple[float, ChatTimes, dict[str, float]]] = []
+    # (client TTFT, the chat, its server parts, its gateway parts), per chat.
+    ttft_splits: list[tuple[float, ChatTimes, dict[str, float], dict[str, float]]] = []
     for chat in timed:
         assert chat.server_ttft_s is not None and chat.server_queue_s is not None
         queueing = max(0.0, chat.server_queue_s)
@@ -209,14 +209,12 @@ def breakdown(
             },
         )
         server_parts = {"queueing": queueing, "engine": engine_s, "first_text": first_text_s}
-        ttft_splits.append((total, {**server_parts, **gateway}))
-        slowest.append((total, chat, server_parts))
-    ttft_total = _mean([t for t, _ in ttft_splits])
-    ttft_parts = (
-        {k: sum(p[k] for _, p in ttft_splits) / len(ttft_splits) for k in ttft_splits[0][1]}
-        if ttft_splits
-        else None
-    )
+        ttft_splits.append((total, chat, server_parts, gateway))
+    ttft_total = _mean([split[0] for split in ttft_splits])
+    ttft_parts = None
+    if ttft_splits:
+        every = [{**server, **gateway} for _, _, server, gateway in ttft_splits]
+        ttft_parts = {k: sum(p[k] for p in every) / len(every) for k in every[0]}
 
     gaps = [gap for chat in chats for gap in chat.itls_s]
     itl_total = _mean(gaps)
@@ -255,10 +253,12 @@ def breakdown(
                 "request_id": chat.request_id,
                 "sent_s": chat.sent_s,
                 "ttft_s": total,
-                **{f"{name}_s": seconds for name, seconds in parts.items()},
-                "gateway_s": total - sum(parts.values()),
+                **{f"{name}_s": seconds for name, seconds in server.items()},
+                "gateway_s": sum(gateway.values()),
             }
-            for total, chat, parts in sorted(slowest, key=lambda row: -row[0])[:SLOWEST_CHATS]
+            for total, chat, server, gateway in sorted(ttft_splits, key=lambda row: -row[0])[
+                :SLOWEST_CHATS
+            ]
         ],
         "redis": redis,
         "event_loop": {"lag_mean_s": lag_mean_s, "probes": counters.loop_lag_count},

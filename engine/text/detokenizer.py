@@ -8,6 +8,7 @@ read offsets of vLLM and TGI), and emits the difference once it no longer ends i
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -39,7 +40,7 @@ class IncrementalDetokenizer:
     def __init__(
         self,
         tokenizer: SupportsDecode,
-        prompt_token_ids: list[int] | tuple[int, ...],
+        prompt_token_ids: Sequence[int],
         stop: tuple[str, ...] = (),
         skip_special_tokens: bool = True,
     ) -> None:
@@ -50,7 +51,9 @@ class IncrementalDetokenizer:
         self._stop = tuple(stop)
         # A match can reach at most this far back from the newest character.
         self._max_stop_chars = max((len(s) for s in stop), default=0)
-        self._ids: list[int] = list(prompt_token_ids)
+        # Only the prompt's last tokens are ever decoded again (the context of the first output
+        # token's text): keep those, not a copy of the whole prompt per request.
+        self._ids: list[int] = list(prompt_token_ids[-_PROMPT_CONTEXT_TOKENS:])
         self._read_offset = len(self._ids)
         self._prefix_offset = max(self._read_offset - _PROMPT_CONTEXT_TOKENS, 0)
         # Generated text decoded so far; [:_emitted_chars] went out, the rest is held back.

@@ -315,9 +315,7 @@ class QueueStore:
         view = await self._status_reads.call(job_id)
         if view is None or view.tenant != tenant:
             return None
-        if not view.model:
-            view = await self._with_model_from_request(view)
-        return view
+        return await self._with_model_from_request(view)
 
     async def job_statuses(self, job_ids: Sequence[str]) -> list[JobStatusView | None]:
         """The status fields of each job (None: unknown): one script call per 512 jobs."""
@@ -334,6 +332,8 @@ class QueueStore:
 
     async def _with_model_from_request(self, view: JobStatusView) -> JobStatusView:
         # A job admitted before `model`/`created_s` were stored: read them from its request.
+        if view.model:
+            return view
         request_json = await self._redis.hget(self.keys.job(view.job_id), "request")
         request = json.loads(redis_text(request_json)) if request_json else {}
         return replace(
@@ -355,11 +355,7 @@ class QueueStore:
             return []
         views = await self.job_statuses([redis_text(job_id) for job_id in ids])
         # A hash may be gone (retention) while the listing entry remains: skip it.
-        return [
-            view if view.model else await self._with_model_from_request(view)
-            for view in views
-            if view is not None
-        ]
+        return [await self._with_model_from_request(view) for view in views if view is not None]
 
     async def depths(self) -> dict[RequestClass, QueueDepth]:
         """Jobs and queued tokens per class, read in one round trip."""

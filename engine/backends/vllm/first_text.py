@@ -36,7 +36,7 @@ class FirstTextWatch:
         if request_id in self._shown or not output_token_ids:
             return False
         detokenizer, fed = self._pending.get(request_id) or (
-            IncrementalDetokenizer(self._tokenizer, list(prompt_token_ids)),
+            IncrementalDetokenizer(self._tokenizer, prompt_token_ids),
             0,
         )
         if detokenizer.add_tokens(list(output_token_ids[fed:])).text:
