@@ -199,6 +199,7 @@ class Scheduler:
 
     def update(self, output: SchedulerOutput, sampled: dict[str, int], now_s: float) -> None:
         """Advance computed tokens, register full blocks, append sampled tokens."""
+        self._interactive_presence.step_ended(now_s)
         for chunk in output.chunks:
             seq = chunk.seq
             if seq.status is not SequenceStatus.RUNNING:

@@ -226,7 +226,8 @@ def test_mixgate_caps_bulk_prefill_beside_a_chat_where_priority_does_not() -> No
 
     assert bulk_prefill_tokens("mixgate", with_chat=True) == 4
     assert bulk_prefill_tokens("priority", with_chat=True) == 31  # all the decode leaves
-    # With no interactive sequence in the engine there is nobody to protect: by default no cap.
+    # With no interactive sequence in the engine there is nobody to protect: with no linger
+    # (the default lingers 2 s: test_a_busy_stretch_on_an_idle_engine_starts_capped), no cap.
     assert bulk_prefill_tokens("mixgate", with_chat=False) == 32
     assert bulk_prefill_tokens("priority", with_chat=False) == 32
     # Unless it is told never to lift: the next chat to arrive then waits for a capped step.
@@ -338,6 +339,7 @@ def test_a_chat_prefill_step_carries_no_bulk_prefill_even_when_bulk_is_aged() ->
         block_size_tokens=4,
         bulk_aging_s=1.0,
         bulk_min_share=0.25,
+        interactive_linger_s=0.0,
     )
     h = Harness(config, num_blocks=400, seed=3)
     h.add(BULK, 200, 4)
@@ -371,6 +373,35 @@ def test_the_bulk_cap_lingers_after_the_last_chat_then_lifts() -> None:
     h.add(INTERACTIVE, 8, 2)
     while h.scheduler.num_running(INTERACTIVE) or h.scheduler.num_waiting(INTERACTIVE):
         h.step()  # the chat runs to its end
-    assert h.step().tokens_by_kind[(BULK, "prefill")] == 16  # no chat now, but one just left
-    h.now_s += config.interactive_linger_s
+    last_chat_step_s = h.now_s - h.step_s
+    # No chat now, but one just left: capped for as long as bulk has not had the engine to
+    # itself for the linger.
+    while h.now_s < last_chat_step_s + config.interactive_linger_s:
+        assert h.step().tokens_by_kind[(BULK, "prefill")] == 16
     assert h.step().tokens_by_kind[(BULK, "prefill")] == 64  # the linger is over
+
+
+def test_a_busy_stretch_on_an_idle_engine_starts_capped() -> None:
+    """Work landing on an idle engine says nothing yet about whether chats come with it: bulk
+    gets full-budget steps once it has had the engine to itself for interactive_linger_s, and
+    again only that long after an idle spell of that length."""
+    config = EngineConfig(
+        max_active_seqs=8,
+        step_token_budget=64,
+        bulk_prefill_chunk_tokens=16,
+        block_size_tokens=4,
+        bulk_aging_s=100.0,
+        interactive_linger_s=1.0,
+    )
+    h = Harness(config, num_blocks=400, seed=6, now_s=50.0, step_s=0.25)
+
+    def bulk_prefill_by_step(steps: int) -> list[int]:
+        return [h.step().tokens_by_kind.get((BULK, "prefill"), 0) for _ in range(steps)]
+
+    h.add(BULK, 400, 1)
+    assert bulk_prefill_by_step(6) == [16, 16, 16, 16, 64, 64]
+    while h.scheduler.has_unfinished():
+        h.step()
+    h.now_s += config.interactive_linger_s  # idle that long
+    h.add(BULK, 400, 1)
+    assert bulk_prefill_by_step(6) == [16, 16, 16, 16, 64, 64]

@@ -89,6 +89,12 @@ class ClassAwareScheduler(Scheduler):  # type: ignore[misc]
         ]
         return any(awaiting)
 
+    def update_from_output(self, *args: Any, **kwargs: Any) -> Any:
+        try:
+            return super().update_from_output(*args, **kwargs)
+        finally:
+            self.mixgate_presence.step_ended(time.time())
+
     def schedule(self, *args: Any, **kwargs: Any) -> Any:
         now_s = time.time()
         running = list(self.running)
