@@ -160,9 +160,18 @@ def test_a_chat_prefill_step_takes_no_bulk_prefill_though_vllm_would_admit_it_af
     # The budget is the decodes and the chat's prompt: nothing is left for a bulk chunk.
     assert plan.token_budget == 16 + 150
     assert plan.held_back == frozenset({20})
+    # Nor may a waiting bulk request start: a chat prompt that hits the prefix cache computes
+    # fewer tokens than the budget planned for it, and vLLM would admit bulk into the rest.
+    assert not plan.admits_waiting_bulk
     # The step after (the chat decoding) takes its bulk chunk again.
     after = compose_step([*running, item(999, INTER, 1)], waiting[:-1], knobs)
     assert after.bulk_prefill_tokens == 128
+    # The running bulk prefill takes that chunk whole (900 tokens left): none starts beside it.
+    assert after.held_back == frozenset() and not after.admits_waiting_bulk
+    # Once it is down to its last 28 tokens, a waiting one starts in what it leaves.
+    ending = [*running[:16], item(20, BULK, 28), item(999, INTER, 1)]
+    last = compose_step(ending, waiting[:-1], knobs)
+    assert last.bulk_prefill_tokens == 128 and last.admits_waiting_bulk
 
 
 def test_aged_bulk_is_guaranteed_its_min_share_over_any_two_steps() -> None:
@@ -251,3 +260,19 @@ def test_waiting_chats_raise_the_admission_cap_and_bulk_never_does() -> None:
     assert limit(32, 0, running_interactive=1) == 33
     # Never past the runner's slots.
     assert limit(62, 5) == 64
+
+    # A step that admits no bulk (`StepComposition.admits_waiting_bulk`): room for the waiting
+    # chats alone, which vLLM admits first.
+    def chats_only(in_use: int, waiting_interactive: int) -> int:
+        return admission_limit(
+            slots_in_use=in_use,
+            running_interactive=0,
+            waiting_interactive=waiting_interactive,
+            max_active_seqs=32,
+            runner_slots=64,
+            admit_bulk=False,
+        )
+
+    assert chats_only(10, 2) == 12
+    assert chats_only(10, 0) == 10
+    assert chats_only(62, 5) == 64

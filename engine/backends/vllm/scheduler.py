@@ -125,6 +125,7 @@ class ClassAwareScheduler(Scheduler):  # type: ignore[misc]
             waiting_interactive=sum(w.request_class is RequestClass.INTERACTIVE for w in waiting),
             max_active_seqs=saved[2],
             runner_slots=saved[1],
+            admit_bulk=plan.admits_waiting_bulk,
         )
         self.max_num_active_reqs = limit - len(held)
         try:

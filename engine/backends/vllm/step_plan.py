@@ -119,6 +119,9 @@ class StepComposition:
     # tokens the next step pays on top of its own (its `bulk_carried_tokens`).
     deferred_bulk: bool = False
     carried_bulk_tokens: int = 0
+    # Whether a waiting bulk request may start this step: only when the running bulk prefills
+    # shown leave some of bulk's allowance (`admission_limit(admit_bulk=...)`).
+    admits_waiting_bulk: bool = True
 
 
 def _chunk(item: WorkItem, knobs: StepKnobs) -> int:
@@ -208,6 +211,10 @@ def compose_step(
         shown_bulk = prefills[bulk][:whole_chunks]
     else:
         shown_bulk = _admit_within(prefills[bulk], bulk_tokens, knobs)
+    # NOTE: the budget alone does not keep waiting bulk out: a chat whose prompt hits vLLM's
+    # prefix cache computes fewer tokens than planned, and vLLM admits waiting bulk into what
+    # is left (a shared system prompt makes that every chat's prefill step).
+    admits_waiting_bulk = sum(_chunk(r, knobs) for r in shown_bulk) < bulk_tokens
     shown = {r.key for r in shown_inter + shown_bulk}
     held = frozenset(r.key for r in prefills[inter] + prefills[bulk] if r.key not in shown)
     order = decodes[inter] + decodes[bulk] + shown_inter + shown_bulk
@@ -228,6 +235,7 @@ def compose_step(
             deferred=defer,
             bulk_aged=bulk_aged,
         ),
+        admits_waiting_bulk=admits_waiting_bulk,
     )
 
 
@@ -238,6 +246,7 @@ def admission_limit(
     waiting_interactive: int,
     max_active_seqs: int,
     runner_slots: int,
+    admit_bulk: bool = True,
 ) -> int:
     """The step's cap on requests in RUNNING (vLLM's `max_num_active_reqs`).
 
@@ -251,7 +260,13 @@ def admission_limit(
     (the running chats sit on top of bulk's slots: with the cap at `max_active_seqs` a chat
     that took a finished bulk request's slot kept it from bulk until the chat ended). No bulk
     work is thrown away, and the overcommit ends as the chats finish.
+
+    `admit_bulk` False (`StepComposition.admits_waiting_bulk`): room for the waiting chats
+    only, which vLLM admits first, so no bulk request starts this step.
     """
     chats_on_top = max_active_seqs + running_interactive + waiting_interactive
     wanted = max(slots_in_use + waiting_interactive, chats_on_top)
-    return max(max_active_seqs, min(runner_slots, wanted))
+    limit = max(max_active_seqs, min(runner_slots, wanted))
+    if not admit_bulk:
+        limit = min(limit, slots_in_use + waiting_interactive)
+    return limit
