@@ -17,8 +17,12 @@ after it waited for one: on the 2-vCPU AMD EPYC (`small`) the chat sent 0.26 s i
 (queueing 76-119 ms behind a 95-97 ms step, TTFT p99 under the backlog 2.1x its value alone),
 and in a run where a chat reached the engine before the backlog's first job, so that the cap
 held from the start, TTFT p99 under the backlog was 1.46x (an engine-core trace: bulk drained
-in the same 12 s as alone, ~14 bulk sequences decoding beside 128-token chunks). A bulk-only
-stretch pays `linger_s` of capped steps at its start.
+in the same 12 s as alone, ~14 bulk sequences decoding beside 128-token chunks). With the
+stretch's start counted (`bench compare --workload chat-over-backlog --policies
+vllm-priority,mixgate,mixgate-vllm --repeats 3`, load 1.2-1.8), that chat took 80-100 ms on
+mixgate-vllm and was no longer the slowest: TTFT p99 under the backlog / alone 2.13x -> 2.00x
+(mixgate-vllm) and 1.45x -> 1.30x (native); on `mixed` (one run) 2.85x -> 1.75x on
+mixgate-vllm. A bulk-only stretch pays `linger_s` of capped steps at its start.
 
 Measured end to end, `mixgate bench compare --workload chat-over-backlog` (native engine,
 `small`, 2 threads, chunk 256, three repeats each) on the 2-vCPU Xeon: the slowest chat after
