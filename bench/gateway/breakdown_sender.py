@@ -20,24 +20,16 @@ from bench.load.workload import PlannedRequest
 __all__ = [
     "PREDICTED_TTFT_HEADER",
     "BreakdownSender",
-    "RequestExtras",
     "ServerCounters",
     "parse_server_metrics",
     "redis_commandstats",
 ]
 
 PREDICTED_TTFT_HEADER = "x-mixgate-predicted-ttft-ms"
-# The request a bulk submission belongs to, for the POST tap (each request runs in its task).
-_current_request: contextvars.ContextVar[str | None] = contextvars.ContextVar(
-    "breakdown_request", default=None
+# The record of the job submission under way (each request runs in its own task).
+_current_record: contextvars.ContextVar[RequestRecord | None] = contextvars.ContextVar(
+    "breakdown_record", default=None
 )
-
-
-@dataclass
-class RequestExtras:
-    predicted_ttft_s: float | None = None
-    server_ttft_s: float | None = None
-    server_text_ttft_s: float | None = None
 
 
 def _predicted_s(response: httpx.Response) -> float | None:
@@ -49,32 +41,30 @@ def _predicted_s(response: httpx.Response) -> float | None:
 
 
 class _PostTap:
-    """The sender's client, with every job submission's predicted TTFT noted."""
+    """The sender's client, with every job submission's predicted TTFT noted on its record."""
 
-    def __init__(self, client: httpx.AsyncClient, extras: dict[str, RequestExtras]):
+    def __init__(self, client: httpx.AsyncClient):
         self._client = client
-        self._extras = extras
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._client, name)
 
     async def post(self, url: str, **kwargs: Any) -> httpx.Response:
         response = await self._client.post(url, **kwargs)
-        request_id = _current_request.get()
-        if request_id is not None:
-            self._extras.setdefault(request_id, RequestExtras()).predicted_ttft_s = _predicted_s(
-                response
-            )
+        record = _current_record.get()
+        if record is not None:
+            record.predicted_ttft_s = _predicted_s(response)
         return response
 
 
 class BreakdownSender(HttpSender):
-    """mixgate's sender, also noting predictions and the server's chat TTFT per request."""
+    """mixgate's sender, also noting on each record admission's prediction and, for a chat,
+    the server's own TTFT. The records carry them, so the chats can be sent from their own
+    process (`run_load(chat_process=True)`) like every other benchmark's."""
 
     def __init__(self, client: httpx.AsyncClient, *args: Any, **kwargs: Any) -> None:
         super().__init__(client, *args, **kwargs)
-        self.extras: dict[str, RequestExtras] = {}
-        self._client = _PostTap(client, self.extras)  # type: ignore[assignment]
+        self._client = _PostTap(client)  # type: ignore[assignment]
 
     async def _bulk(
         self,
@@ -83,25 +73,22 @@ class BreakdownSender(HttpSender):
         body: dict[str, Any],
         rng: random.Random,
     ) -> None:
-        _current_request.set(record.request_id)
+        _current_record.set(record)
         await super()._bulk(request, record, body, rng)
 
     async def _read_stream(
         self, response: httpx.Response, record: RequestRecord, state: _Stream
     ) -> None:
-        self.extras.setdefault(record.request_id, RequestExtras()).predicted_ttft_s = _predicted_s(
-            response
-        )
+        record.predicted_ttft_s = _predicted_s(response)
         await super()._read_stream(response, record, state)
 
     def _on_chunk(self, chunk: dict[str, Any], record: RequestRecord, state: _Stream) -> bool:
         timings = chunk.get("mixgate_timings")
         if isinstance(timings, dict) and isinstance(timings.get("ttft_s"), int | float):
-            extras = self.extras.setdefault(record.request_id, RequestExtras())
-            extras.server_ttft_s = float(timings["ttft_s"])
+            record.server_ttft_s = float(timings["ttft_s"])
             text_ttft_s = timings.get("text_ttft_s")
             if isinstance(text_ttft_s, int | float):
-                extras.server_text_ttft_s = float(text_ttft_s)
+                record.server_text_ttft_s = float(text_ttft_s)
         return super()._on_chunk(chunk, record, state)
 
 

@@ -43,6 +43,12 @@ class RequestRecord:
     output_tokens: int = 0
     # A cancellation the workload planned: "before_first_token" | "mid_stream" | None.
     cancel_plan: str | None = None
+    # What mixgate said about the request, where the sender reads it (`bench breakdown`):
+    # admission's predicted TTFT (x-mixgate-predicted-ttft-ms), and for a chat the server's
+    # own TTFT from admission to the first token and to the first text (mixgate_timings).
+    predicted_ttft_s: float | None = None
+    server_ttft_s: float | None = None
+    server_text_ttft_s: float | None = None
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), separators=(",", ":"))

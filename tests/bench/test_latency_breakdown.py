@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from bench.gateway.breakdown_shares import ChatTimes, RunCounters, breakdown, split_total
+from bench.load.records import read_records
 from mixgate.cli import main
 
 TINY_WORKLOAD = """
@@ -101,7 +102,12 @@ def test_breakdown_writes_parts_that_add_up(
     assert predicted["interactive"]["count"] == report["chats"]
     assert predicted["bulk"]["count"] > 0
     assert predicted["interactive"]["predicted_mean_s"] > 0
-    assert (out / "run" / "requests.jsonl").is_file()
+    # The chats went from their own process; what the server said came back on their records.
+    assert report["chats_with_server_timings"] == report["chats"]
+    records = read_records(out / "run" / "requests.jsonl")
+    chats = [r for r in records if r.request_class == "interactive" and r.outcome == "ok"]
+    assert chats and all(r.server_ttft_s is not None and r.server_ttft_s > 0 for r in chats)
+    assert all(r.server_ttft_s is not None and r.server_ttft_s <= r.ttft_s for r in chats)
 
 
 def _counters(**overrides: object) -> RunCounters:
