@@ -40,8 +40,7 @@ class Scheduler:
     def __init__(self, config: EngineConfig, block_manager: BlockManager):
         self.config = config
         self.blocks = block_manager
-        # Waiting sequences per class, kept sorted by admit order (FCFS; preempted ones
-        # return to their place).
+        # Waiting sequences per class, sorted by admit order (FCFS; a preempted one returns).
         self.waiting: dict[RequestClass, deque[Sequence]] = {INTERACTIVE: deque(), BULK: deque()}
         self.running: list[Sequence] = []
         # Every unfinished sequence by id (abort without a scan), per-class counts by the

@@ -357,18 +357,20 @@ def test_a_chat_prefill_step_carries_no_bulk_prefill_even_when_bulk_is_aged() ->
     assert h.step().tokens_by_kind[(BULK, "prefill")] == 32
 
 
+LULL_CONFIG = EngineConfig(
+    max_active_seqs=8,
+    step_token_budget=64,
+    bulk_prefill_chunk_tokens=16,
+    block_size_tokens=4,
+    bulk_aging_s=100.0,
+    interactive_linger_s=1.0,
+)
+
+
 def test_the_bulk_cap_lingers_after_the_last_chat_then_lifts() -> None:
     """A chat arriving between chats should wait for a capped step, not a full-budget one; bulk
     alone gets its full steps back once no chat has been seen for interactive_linger_s."""
-    config = EngineConfig(
-        max_active_seqs=8,
-        step_token_budget=64,
-        bulk_prefill_chunk_tokens=16,
-        block_size_tokens=4,
-        bulk_aging_s=100.0,
-        interactive_linger_s=1.0,
-    )
-    h = Harness(config, num_blocks=400, seed=4)
+    h = Harness(LULL_CONFIG, num_blocks=400, seed=4)
     h.add(BULK, 400, 4)
     h.add(INTERACTIVE, 8, 2)
     while h.scheduler.num_running(INTERACTIVE) or h.scheduler.num_waiting(INTERACTIVE):
@@ -376,24 +378,15 @@ def test_the_bulk_cap_lingers_after_the_last_chat_then_lifts() -> None:
     last_chat_step_s = h.now_s - h.step_s
     # No chat now, but one just left: capped for as long as bulk has not had the engine to
     # itself for the linger.
-    while h.now_s < last_chat_step_s + config.interactive_linger_s:
+    while h.now_s < last_chat_step_s + LULL_CONFIG.interactive_linger_s:
         assert h.step().tokens_by_kind[(BULK, "prefill")] == 16
     assert h.step().tokens_by_kind[(BULK, "prefill")] == 64  # the linger is over
 
 
 def test_a_busy_stretch_on_an_idle_engine_starts_capped() -> None:
-    """Work landing on an idle engine says nothing yet about whether chats come with it: bulk
-    gets full-budget steps once it has had the engine to itself for interactive_linger_s, and
-    again only that long after an idle spell of that length."""
-    config = EngineConfig(
-        max_active_seqs=8,
-        step_token_budget=64,
-        bulk_prefill_chunk_tokens=16,
-        block_size_tokens=4,
-        bulk_aging_s=100.0,
-        interactive_linger_s=1.0,
-    )
-    h = Harness(config, num_blocks=400, seed=6, now_s=50.0, step_s=0.25)
+    """Work landing on an idle engine says nothing yet of chats: bulk gets full-budget steps once
+    it has had the engine to itself for interactive_linger_s, again after an idle spell."""
+    h = Harness(LULL_CONFIG, num_blocks=400, seed=6, now_s=50.0, step_s=0.25)
 
     def bulk_prefill_by_step(steps: int) -> list[int]:
         return [h.step().tokens_by_kind.get((BULK, "prefill"), 0) for _ in range(steps)]
@@ -402,6 +395,6 @@ def test_a_busy_stretch_on_an_idle_engine_starts_capped() -> None:
     assert bulk_prefill_by_step(6) == [16, 16, 16, 16, 64, 64]
     while h.scheduler.has_unfinished():
         h.step()
-    h.now_s += config.interactive_linger_s  # idle that long
+    h.now_s += LULL_CONFIG.interactive_linger_s  # idle that long
     h.add(BULK, 400, 1)
     assert bulk_prefill_by_step(6) == [16, 16, 16, 16, 64, 64]
