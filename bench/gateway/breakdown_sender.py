@@ -1,6 +1,7 @@
-"""What `mixgate bench breakdown` reads beside the load generator's records: each request's
-predicted TTFT (``x-mixgate-predicted-ttft-ms``) and the chat's server-side TTFT, and the
-server counters (/metrics, Redis ``INFO commandstats``) before and after the run."""
+"""What `mixgate bench breakdown` reads from the server: each request's predicted TTFT
+(``x-mixgate-predicted-ttft-ms``) and each chat's server-side TTFT, noted on the request's own
+record by `BreakdownSender`, and the server counters (/metrics, Redis ``INFO commandstats``)
+before and after the run."""
 
 from __future__ import annotations
 
