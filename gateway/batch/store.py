@@ -143,9 +143,9 @@ class BatchStore:
         k, q = self.keys, self.keys.queue
         if not jobs:
             return []
-        # admit.lua takes a batch: KEYS wake + (job, pending, tokens, listing) per job; ARGV
+        # admit.lua takes a batch: KEYS (job, pending, tokens, listing, wake) per job; ARGV
         # wake_max + 13 fields per job; one {status, depth} pair back per job, in order.
-        keys: list[str] = [q.wake]
+        keys: list[str] = []
         args: list[str | int] = [_WAKE_MAX]
         for job in jobs:
             keys += [
@@ -153,6 +153,7 @@ class BatchStore:
                 q.pending(RequestClass.BULK),
                 q.queued_tokens(RequestClass.BULK),
                 k.jobs(batch_id),
+                q.wake(RequestClass.BULK),
             ]
             args += job.admit_args()
         flat = await self.scripts["admit"](keys=keys, args=args)

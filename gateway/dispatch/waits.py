@@ -1,25 +1,35 @@
 """What an idle claim loop blocks on: new work in Redis, a local slot freeing up, or stop.
 
-Never a poll: new work is the wake-up key that admit and reclaim touch (BZPOPMIN), a free slot
-is an asyncio.Event that every ending job sets.
+Never a poll: new work is a wake-up key that admit and reclaim touch (BZPOPMIN on the keys of
+the classes this replica claims), a free slot is an asyncio.Event that every ending job sets.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+from collections.abc import Collection
 
 import structlog
 
 from gateway.dispatch.retry import Backoff
 from gateway.queue import QueueStore
+from policies.request_class import RequestClass
 
 log = structlog.get_logger("mixgate.dispatcher")
 
 
 class ClaimWaits:
-    def __init__(self, store: QueueStore, wait_timeout_s: float, backoff: Backoff) -> None:
+    def __init__(
+        self,
+        store: QueueStore,
+        classes: Collection[RequestClass],
+        wait_timeout_s: float,
+        backoff: Backoff,
+    ) -> None:
         self._store = store
+        # The classes whose wake-ups end a wait: the ones this replica claims.
+        self._classes = frozenset(classes)
         self._wait_timeout_s = wait_timeout_s
         self._backoff = backoff
         # Set by every local job as it ends. The claim loop clears it before it counts slots,
@@ -36,8 +46,10 @@ class ClaimWaits:
         events = [asyncio.ensure_future(self.stopping.wait())]
         if slot:
             events.append(asyncio.ensure_future(self.slot_freed.wait()))
-        if work and self._wake is None:
-            self._wake = asyncio.create_task(self._store.wait_for_work(self._wait_timeout_s))
+        if work and self._wake is None and self._classes:
+            self._wake = asyncio.create_task(
+                self._store.wait_for_work(self._classes, self._wait_timeout_s)
+            )
         wake = self._wake if work else None
         try:
             await asyncio.wait(

@@ -5,9 +5,10 @@ every key lands on the same slot and the Lua scripts may touch any of them atomi
 
 NOTE: the scripts also build a few names themselves from the prefix (passed in ARGV), because
 they only learn a job id or a job's class after reading Redis: `prefix .. 'job:' .. id`,
-`'pending:' .. class`, `'queued_tokens:' .. class`, `'cancel:' .. id`. Redis Cluster accepts
-those because the hash tag keeps them on the slot of the declared KEYS. Renaming one here means
-renaming it in `scripts/*.lua` too; the store tests read those keys back through this class.
+`'pending:' .. class`, `'queued_tokens:' .. class`, `'wake:' .. class`, `'cancel:' .. id`.
+Redis Cluster accepts those because the hash tag keeps them on the slot of the declared KEYS.
+Renaming one here means renaming it in `scripts/*.lua` too; the store tests read those keys back
+through this class.
 """
 
 from __future__ import annotations
@@ -60,10 +61,11 @@ class Keys:
         """INCR counter handing out fencing tokens, one per claim."""
         return f"{self.prefix}fence"
 
-    @property
-    def wake(self) -> str:
-        """Bounded ZSET that admit and reclaim touch; idle dispatchers BZPOPMIN on it."""
-        return f"{self.prefix}wake"
+    def wake(self, request_class: RequestClass) -> str:
+        """Bounded ZSET of one class that admit and reclaim touch; an idle dispatcher BZPOPMINs
+        on the ones of the classes it runs, so a replica that does not run a class neither
+        wakes for its work nor takes a wake-up meant for a replica that does."""
+        return f"{self.prefix}wake:{request_class.value}"
 
     def queued_tokens(self, request_class: RequestClass) -> str:
         """Counter of queued work in tokens (prompt + max_tokens), for admission's wait estimate."""

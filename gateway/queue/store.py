@@ -9,7 +9,7 @@ Clocks are passed in too (`now_ms`), never read here or in Lua, so tests control
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import replace
 from importlib import resources
 from typing import Any
@@ -114,7 +114,7 @@ class QueueStore:
         if not jobs:
             return []
         k = self.keys
-        keys: list[str] = [k.wake]
+        keys: list[str] = []
         args: list[_Arg] = [self._wake_max]
         for job in jobs:
             keys += [
@@ -122,6 +122,7 @@ class QueueStore:
                 k.pending(job.request_class),
                 k.queued_tokens(job.request_class),
                 k.tenant_jobs(job.tenant),
+                k.wake(job.request_class),
             ]
             args += job.admit_args()
         flat = await self._scripts["admit"](keys=keys, args=args)
@@ -270,7 +271,7 @@ class QueueStore:
         """Deal with up to `limit` lapsed leases (any replica may run this sweep)."""
         if limit < 1:
             raise ValueError(f"limit must be >= 1, got {limit}")
-        keys = [self.keys.inflight, self.keys.wake]
+        keys = [self.keys.inflight]
         args: list[_Arg] = [self.keys.prefix, now_ms, limit, self._wake_max]
         requeued, failed, cancelled = await self._scripts["reclaim"](keys=keys, args=args)
         return ReclaimResult(
@@ -374,10 +375,14 @@ class QueueStore:
         reply = await self._scripts["mark_tokens_sent"](keys=[self.keys.job(job_id)])
         return int(reply) == 1
 
-    async def wait_for_work(self, timeout_s: float) -> bool:
-        """Block until admit or reclaim signals new work, or timeout; True when woken."""
+    async def wait_for_work(self, classes: Collection[RequestClass], timeout_s: float) -> bool:
+        """Block until admit or reclaim signals new work of one of `classes`, or timeout; True
+        when woken."""
         # BZPOPMIN reads 0 as "forever": an idle loop must still come back to reclaim leases.
         if timeout_s <= 0:
             raise ValueError(f"timeout_s must be > 0, got {timeout_s}")
-        reply = await self._redis.bzpopmin([self.keys.wake], timeout=timeout_s)
+        if not classes:
+            raise ValueError("wait_for_work needs at least one class")
+        wake_keys = [self.keys.wake(c) for c in RequestClass if c in classes]
+        reply = await self._redis.bzpopmin(wake_keys, timeout=timeout_s)
         return reply is not None

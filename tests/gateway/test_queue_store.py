@@ -445,21 +445,26 @@ async def _blocked_clients(client: aioredis.Redis) -> int:
     return int((await client.info("clients"))["blocked_clients"])
 
 
+async def _until_blocked(client: aioredis.Redis, count: int) -> None:
+    """Until the server holds `count` blocked clients (a condition, not a sleep)."""
+    async with asyncio.timeout(30.0):
+        while await _blocked_clients(client) < count:
+            await asyncio.sleep(0.005)
+
+
 async def test_wait_for_work_wakes_on_admit(client: aioredis.Redis, keys: Keys) -> None:
     store = QueueStore(client, keys)
-    assert await store.wait_for_work(0.05) is False
+    assert await store.wait_for_work(BOTH, 0.05) is False
     # fakeredis has no INFO; against it the admit may land before the BZPOPMIN, which then
     # pops the admit's marker at once: still "woken by the admit", through the other path.
     real_server = not isinstance(client, fakeredis.FakeAsyncRedis)
     blocked_before = await _blocked_clients(client) if real_server else 0
     # A timeout far past the test's own bounds: True can only mean the admit woke it.
-    waiter = asyncio.create_task(store.wait_for_work(120.0))
+    waiter = asyncio.create_task(store.wait_for_work(BOTH, 120.0))
     if real_server:
         # The BZPOPMIN must be blocked on the server before the admit, or the blocked
-        # wake-up is not what is tested: wait for the server to say so (not a sleep).
-        async with asyncio.timeout(30.0):
-            while await _blocked_clients(client) <= blocked_before:
-                await asyncio.sleep(0.005)
+        # wake-up is not what is tested: wait for the server to say so.
+        await _until_blocked(client, blocked_before + 1)
     assert not waiter.done()
     await store.admit(_job("a"))
     assert await asyncio.wait_for(waiter, 30.0) is True
@@ -469,8 +474,50 @@ async def test_wake_markers_are_bounded(client: aioredis.Redis, keys: Keys) -> N
     store = QueueStore(client, keys, wake_max=3)
     for n in range(6):
         await store.admit(_job(f"j{n}", enqueue_ms=T0 + n))
-    assert await client.zcard(keys.wake) == 3
-    assert [await store.wait_for_work(0.05) for _ in range(4)] == [True, True, True, False]
+    assert await client.zcard(keys.wake(B)) == 3
+    assert await client.zcard(keys.wake(INT)) == 0
+    assert [await store.wait_for_work(BOTH, 0.05) for _ in range(4)] == [True, True, True, False]
+
+
+async def test_a_wake_up_goes_to_a_waiter_of_its_class(client: aioredis.Redis, keys: Keys) -> None:
+    # Role-split replicas: one runs bulk only, one chats only. With one wake-up key for both
+    # classes, the longest-blocked waiter took every wake-up: a bulk-only replica swallowed a
+    # chat's and the chat replica slept on until its wait timed out (1 s), and bulk
+    # submissions woke chat replicas for claims that could find nothing.
+    store = QueueStore(client, keys)
+    await store.admit(_job("j1", INT))
+    await store.admit(_job("j2", B))
+    assert await store.wait_for_work([B], 0.05) is True  # the bulk marker
+    assert await store.wait_for_work([B], 0.05) is False  # the chat's is not bulk's to take
+    assert await store.wait_for_work([INT], 0.05) is True
+    if isinstance(client, fakeredis.FakeAsyncRedis):
+        return
+    # Blocked waiters on a real server, the bulk-only one first (Redis serves the longest
+    # blocked client first): a chat's admit wakes the chat waiter and leaves the bulk one.
+    blocked_before = await _blocked_clients(client)
+    bulk_waiter = asyncio.create_task(store.wait_for_work([B], 120.0))
+    await _until_blocked(client, blocked_before + 1)
+    chat_waiter = asyncio.create_task(store.wait_for_work([INT], 120.0))
+    await _until_blocked(client, blocked_before + 2)
+    await store.admit(_job("j3", INT))
+    assert await asyncio.wait_for(chat_waiter, 30.0) is True
+    assert not bulk_waiter.done()
+    await store.admit(_job("j4", B))
+    assert await asyncio.wait_for(bulk_waiter, 30.0) is True
+
+
+async def test_reclaim_wakes_the_class_of_the_requeued_job(
+    client: aioredis.Redis, keys: Keys
+) -> None:
+    store = QueueStore(client, keys)
+    await store.admit(_job("c1", INT))
+    assert await _claim_id(store, T0) == "c1"
+    # Drain the admit's marker, then let the lease lapse: the sweep requeues the chat.
+    assert await store.wait_for_work([INT], 0.05) is True
+    result = await store.reclaim(T0 + LEASE_MS + 1)
+    assert result.requeued_ids == ("c1",)
+    assert await client.zcard(keys.wake(B)) == 0
+    assert await store.wait_for_work([INT], 0.05) is True
 
 
 # ---- races on a real server --------------------------------------------------------------

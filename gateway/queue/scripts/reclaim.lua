@@ -3,13 +3,15 @@
 -- attempts, is an interactive stream that already sent tokens (a retry would repeat them to
 -- the user), or was asked to cancel.
 --
--- KEYS[1] inflight  KEYS[2] wake
+-- KEYS[1] inflight
 -- ARGV: prefix, now_ms, limit, wake_max
 -- Returns {requeued_ids, failed_ids, cancelled_ids}; at most `limit` leases per call.
 
-local inflight_key, wake_key = KEYS[1], KEYS[2]
+local inflight_key = KEYS[1]
 local prefix, now_ms, limit, wake_max = ARGV[1], ARGV[2], tonumber(ARGV[3]), tonumber(ARGV[4])
 local requeued, failed, cancelled = {}, {}, {}
+-- The wake-up keys (one per class) this sweep touched, to trim each once at the end.
+local woken = {}
 
 local function finish(job_key, status, code, message)
   local err = ''
@@ -45,16 +47,20 @@ for _, id in ipairs(ids) do
       redis.call('HSET', job_key, 'status', 'queued', 'lease_token', '')
       redis.call('ZADD', prefix .. 'pending:' .. class, f[6], id)
       redis.call('INCRBY', prefix .. 'queued_tokens:' .. class, f[7])
+      local wake_key = prefix .. 'wake:' .. class
       redis.call('ZADD', wake_key, now_ms, id)
+      woken[wake_key] = true
       requeued[#requeued + 1] = id
     end
   end
 end
 
--- Same bound as admit's: the wake ZSET only signals, it is not a record of work.
-local wake_len = redis.call('ZCARD', wake_key)
-if wake_len > wake_max then
-  redis.call('ZREMRANGEBYRANK', wake_key, 0, wake_len - wake_max - 1)
+-- Same bound as admit's: a wake ZSET only signals, it is not a record of work.
+for wake_key in pairs(woken) do
+  local wake_len = redis.call('ZCARD', wake_key)
+  if wake_len > wake_max then
+    redis.call('ZREMRANGEBYRANK', wake_key, 0, wake_len - wake_max - 1)
+  end
 end
 
 return {requeued, failed, cancelled}
