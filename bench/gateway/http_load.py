@@ -81,8 +81,9 @@ def _request(method: str, host: str, path: str, body: bytes | None = None) -> by
     return head + (body or b"")
 
 
-def job_bodies(model: str, count: int, max_tokens: int = 16) -> list[bytes]:
-    """Distinct job bodies of about a chat's size (each prompt differs, so none is cached)."""
+def job_bodies(model: str, count: int, max_tokens: int = 16, start: int = 0) -> list[bytes]:
+    """Distinct job bodies of about a chat's size (each prompt differs, so none is cached);
+    numbered from `start`, so that later rounds post other prompts."""
     return [
         orjson.dumps(
             {
@@ -92,7 +93,7 @@ def job_bodies(model: str, count: int, max_tokens: int = 16) -> list[bytes]:
                 "temperature": 0,
             }
         )
-        for i in range(count)
+        for i in range(start, start + count)
     ]
 
 

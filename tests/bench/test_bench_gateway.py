@@ -32,14 +32,19 @@ def test_bench_gateway_writes_every_field(redis_server: str, tmp_path: Path) -> 
     argv = ["bench", "gateway", "--redis-url", redis_server, "--admissions", "50"]
     argv += ["--concurrency", "8", "--chats", "5", "--json", str(out)]
     argv += ["--submissions", "40", "--polls", "80", "--connections", "4", "--command-chats", "2"]
-    argv += ["--command-idle-s", "1"]
+    argv += ["--command-idle-s", "1", "--rounds", "3"]
     assert main(argv) == 0
     result = json.loads(out.read_text())
     assert result["admissions_per_s"] > 0
     assert result["round_trips_per_s"] > 0
-    # Every submission accepted (202) and every poll answered (200): the rates count 2xx only.
-    assert result["http"]["submission_statuses"] == {"202": 40}
-    assert result["http"]["poll_statuses"] == {"200": 80}
+    # Every submission accepted (202) and every poll answered (200), in each of 3 rounds: the
+    # rates count 2xx only.
+    assert result["http"]["submission_statuses"] == {"202": 120}
+    assert result["http"]["poll_statuses"] == {"200": 240}
+    # Each rate is the median of its rounds (three rounds: the middle one).
+    for name in ("admissions_per_s", "round_trips_per_s", "job_submissions_per_s"):
+        rounds = result["rounds"][name]
+        assert len(rounds) == 3 and result[name] == sorted(rounds)[1], name
     assert result["job_submissions_per_s"] > 0
     assert result["job_polls_per_s"] > 0
     # A streamed chat costs Redis at least its admit, claim and completion.
@@ -59,3 +64,9 @@ def test_bench_gateway_writes_every_field(redis_server: str, tmp_path: Path) -> 
     assert (config["admissions"], config["concurrency"], config["chats"]) == (50, 8, 5)
     # Timed chats leave out the warm-up ones and any with no visible text on a path.
     assert 0 < config["chats_timed"] <= 5
+
+
+def test_more_submissions_than_the_bulk_queue_holds_are_refused_up_front() -> None:
+    # Past the default envelope's bulk bound the last rounds' posts would come back 429.
+    with pytest.raises(SystemExit, match="the bulk queue bound"):
+        main(["bench", "gateway", "--rounds", "4", "--submissions", "3000"])
