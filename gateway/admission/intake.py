@@ -14,6 +14,7 @@ from starlette.requests import Request
 
 from engine.core.errors import RequestValidationError
 from engine.core.sampling_params import SamplingParams
+from engine.text.tokenizer import GIL_RELEASE_MIN_CHARS
 from gateway.http.auth import Principal
 from gateway.http.errors import APIError
 from gateway.http.schemas import (
@@ -108,11 +109,25 @@ async def build_payload_off_loop(
     """`build_payload` with the chat template and tokenizer run on a worker thread.
 
     NOTE: bulk intake only: a burst of job submissions must not hold the event loop for the
-    template and tokenizer of each (a chat's are on the loop: one thread hop fewer for it).
+    tokenizer of each (a chat's are on the loop: one thread hop fewer for it). Only a long
+    prompt goes to the worker: a short one's encode keeps the GIL for its whole (sub-ms) run
+    (`engine.text.tokenizer.GIL_RELEASE_MIN_CHARS`), as the template's rendering always does,
+    so on a worker it would hold the loop just the same and add the hop (two thread switches
+    and a wake-up of the loop).
     """
+    if _content_chars(body) < GIL_RELEASE_MIN_CHARS:
+        return build_payload(state, body, request_class)
     loop = asyncio.get_running_loop()
     prompt = await loop.run_in_executor(_tokenize_pool(), _encode, state, body)
     return payload_for_prompt(state, body, request_class, prompt)
+
+
+def _content_chars(body: ChatCompletionRequest) -> int:
+    """Characters of the messages' text, the bulk of the rendered prompt."""
+    return sum(
+        len(m.content) if isinstance(m.content, str) else sum(len(p.text) for p in m.content)
+        for m in body.messages
+    )
 
 
 _POOL: ThreadPoolExecutor | None = None

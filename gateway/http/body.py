@@ -42,6 +42,10 @@ def json_depth_exceeds(text: str, max_depth: int) -> bool:
     (regex, translate, accumulate over a memoryview), so a megabyte of brackets costs tens of
     milliseconds, not the recursion it would cost a parser.
     """
+    # Fewer opening brackets than the bound cannot nest past it (every chat body): two
+    # counts in C instead of the regex passes below.
+    if text.count("[") + text.count("{") <= max_depth:
+        return False
     brackets = _NOT_BRACKET.sub("", _JSON_STRING.sub('""', text))
     steps = memoryview(brackets.encode("ascii").translate(_BRACKET_STEPS)).cast("b")
     return max(accumulate(steps), default=0) > max_depth
