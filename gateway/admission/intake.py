@@ -100,7 +100,8 @@ def build_payload(
 ) -> JobPayload:
     """Tokenize with the chat template and settle the decoding settings (400 on nonsense)."""
     assert state.tokenizer is not None
-    return payload_for_prompt(state, body, request_class, _encode(state, body))
+    prompt = _encode(state, messages_as_dicts(body))
+    return payload_for_prompt(state, body, request_class, prompt)
 
 
 async def build_payload_off_loop(
@@ -115,19 +116,14 @@ async def build_payload_off_loop(
     so on a worker it would hold the loop just the same and add the hop (two thread switches
     and a wake-up of the loop).
     """
-    if _content_chars(body) < GIL_RELEASE_MIN_CHARS:
-        return build_payload(state, body, request_class)
-    loop = asyncio.get_running_loop()
-    prompt = await loop.run_in_executor(_tokenize_pool(), _encode, state, body)
+    messages = messages_as_dicts(body)
+    # The messages' text is the bulk of the rendered prompt.
+    if sum(len(m["content"]) for m in messages) < GIL_RELEASE_MIN_CHARS:
+        prompt = _encode(state, messages)
+    else:
+        loop = asyncio.get_running_loop()
+        prompt = await loop.run_in_executor(_tokenize_pool(), _encode, state, messages)
     return payload_for_prompt(state, body, request_class, prompt)
-
-
-def _content_chars(body: ChatCompletionRequest) -> int:
-    """Characters of the messages' text, the bulk of the rendered prompt."""
-    return sum(
-        len(m.content) if isinstance(m.content, str) else sum(len(p.text) for p in m.content)
-        for m in body.messages
-    )
 
 
 _POOL: ThreadPoolExecutor | None = None
@@ -140,10 +136,10 @@ def _tokenize_pool() -> ThreadPoolExecutor:
     return _POOL
 
 
-def _encode(state: GatewayState, body: ChatCompletionRequest) -> list[int]:
+def _encode(state: GatewayState, messages: list[dict[str, str]]) -> list[int]:
     assert state.tokenizer is not None
     try:
-        return state.tokenizer.encode_chat(messages_as_dicts(body))
+        return state.tokenizer.encode_chat(messages)
     except ValueError as error:
         raise APIError.invalid_request(
             f"could not render the chat template: {error}", param="messages"
