@@ -203,7 +203,7 @@ class Dispatcher:
                     return
                 # NOTE: with one class full, a freed slot may make queued work claimable that
                 # no wake-up will announce (its admit woke us already), so both are awaited.
-                await self._waits.wait(work=bool(classes) and not burst, slot=some_full)
+                await self._waits.wait(work=() if burst else classes, slot=some_full)
         finally:
             await self._waits.close()
 

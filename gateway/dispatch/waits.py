@@ -1,7 +1,8 @@
 """What an idle claim loop blocks on: new work in Redis, a local slot freeing up, or stop.
 
-Never a poll: new work is a wake-up key that admit and reclaim touch (BZPOPMIN on the keys of
-the classes this replica claims), a free slot is an asyncio.Event that every ending job sets.
+Never a poll: new work is a wake-up key that admit and reclaim touch (a BZPOPMIN on the key of
+each class this replica has room for: `gateway.queue.wake_ups`), a free slot is an
+asyncio.Event that every ending job sets.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ import structlog
 
 from gateway.dispatch.retry import Backoff
 from gateway.queue import QueueStore
+from gateway.queue.wake_ups import WakeUp
 from policies.request_class import RequestClass
 
 log = structlog.get_logger("mixgate.dispatcher")
@@ -27,8 +29,8 @@ class ClaimWaits:
         wait_timeout_s: float,
         backoff: Backoff,
     ) -> None:
-        self._store = store
-        # The classes whose wake-ups end a wait: the ones this replica claims.
+        self._wake_ups = store.wake_ups
+        # The classes this replica claims at all.
         self._classes = frozenset(classes)
         self._wait_timeout_s = wait_timeout_s
         self._backoff = backoff
@@ -36,37 +38,63 @@ class ClaimWaits:
         # with no await in between, so an end after the count is never missed.
         self.slot_freed = asyncio.Event()
         self.stopping = asyncio.Event()
-        # NOTE: the BZPOPMIN outlives a wait that a free slot ended, and serves the next wait:
-        # cancelling it would drop its connection (redis-py cannot abandon a blocked reply),
-        # and jobs end often.
-        self._wake: asyncio.Task[bool] | None = None
+        # One BZPOPMIN per class, each on its own connection, started when the class has room.
+        # NOTE: one outlives a wait that something else ended, and serves the next wait of its
+        # class: cancelling it would drop its connection (redis-py cannot abandon a blocked
+        # reply), and jobs end often. One whose class has since filled up passes on what it
+        # pops (`_settle`), so that a replica with room gets the wake-up.
+        self._wakes: dict[RequestClass, asyncio.Task[WakeUp | None]] = {}
 
-    async def wait(self, *, work: bool, slot: bool) -> None:
-        """Return on stop, on new work (if `work`), or on a freed slot (if `slot`)."""
+    async def wait(self, *, work: Collection[RequestClass], slot: bool) -> None:
+        """Return on stop, on new work of a class in `work` (those with room here), or on a
+        freed slot (if `slot`)."""
+        work = self._classes.intersection(work)
+        for cls in work:
+            if cls not in self._wakes:
+                self._wakes[cls] = asyncio.create_task(
+                    self._wake_ups.wait([cls], self._wait_timeout_s)
+                )
         events = [asyncio.ensure_future(self.stopping.wait())]
         if slot:
             events.append(asyncio.ensure_future(self.slot_freed.wait()))
-        if work and self._wake is None and self._classes:
-            self._wake = asyncio.create_task(
-                self._store.wait_for_work(self._classes, self._wait_timeout_s)
-            )
-        wake = self._wake if work else None
         try:
-            await asyncio.wait(
-                [*events, *([wake] if wake else [])], return_when=asyncio.FIRST_COMPLETED
-            )
+            while not any(event.done() for event in events):
+                # Every pending BZPOPMIN is watched, not only those of `work`: one of a full
+                # class must pass on what it pops at once, not when this wait ends.
+                await asyncio.wait(
+                    [*events, *self._wakes.values()], return_when=asyncio.FIRST_COMPLETED
+                )
+                if await self._settle(work):
+                    return
         finally:
             for event in events:
                 event.cancel()
             await asyncio.gather(*events, return_exceptions=True)
-        if wake is not None and wake.done():
-            # Woken or timed out, either way the caller claims again. A wake-up that landed
-            # while the caller was busy claiming costs one extra, empty claim.
-            self._wake = None
-            error = None if wake.cancelled() else wake.exception()
+
+    async def _settle(self, work: frozenset[RequestClass]) -> bool:
+        """Take in the finished BZPOPMINs; True when one of `work` ended (woken or timed
+        out: either way the caller claims again)."""
+        claim = False
+        for cls, task in list(self._wakes.items()):
+            if not task.done():
+                continue
+            del self._wakes[cls]
+            error = None if task.cancelled() else task.exception()
             if error is not None:
                 log.warning("wait_for_work_failed", error=repr(error))
                 await self.sleep(next(self._backoff.delays_s()))
+                return True
+            wake_up = task.result()
+            if cls in work:
+                # A wake-up that landed while the caller was busy claiming costs one extra,
+                # possibly empty, claim.
+                claim = True
+            elif wake_up is not None:
+                try:
+                    await self._wake_ups.pass_on(wake_up)
+                except Exception as pass_error:  # noqa: BLE001 - the lease path still runs it
+                    log.warning("wake_up_pass_on_failed", error=repr(pass_error))
+        return claim
 
     async def sleep(self, delay_s: float) -> None:
         """A backoff that stop cuts short."""
@@ -74,8 +102,9 @@ class ClaimWaits:
             await asyncio.wait_for(self.stopping.wait(), timeout=delay_s)
 
     async def close(self) -> None:
-        """Give up the pending BZPOPMIN (redis-py drops its connection on cancel)."""
-        if self._wake is not None:
-            self._wake.cancel()
-            await asyncio.gather(self._wake, return_exceptions=True)
-            self._wake = None
+        """Give up the pending BZPOPMINs (redis-py drops their connections on cancel)."""
+        wakes = list(self._wakes.values())
+        self._wakes.clear()
+        for task in wakes:
+            task.cancel()
+        await asyncio.gather(*wakes, return_exceptions=True)

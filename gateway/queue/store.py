@@ -9,7 +9,7 @@ Clocks are passed in too (`now_ms`), never read here or in Lua, so tests control
 from __future__ import annotations
 
 import json
-from collections.abc import Collection, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from importlib import resources
 from typing import Any
@@ -36,6 +36,7 @@ from gateway.queue.results import (
     QueueDepth,
     ReclaimResult,
 )
+from gateway.queue.wake_ups import WakeUps
 from policies.request_class import RequestClass
 
 # What redis-py accepts as a script argument.
@@ -100,6 +101,8 @@ class QueueStore:
         # How many queue heads one claim may drop (expired) before it returns to the caller.
         self._claim_scan_max = claim_scan_max
         self._status_reads: Coalescer[str, JobStatusView | None] = Coalescer(self.job_statuses)
+        # What an idle claim loop blocks on (admit and reclaim write the markers).
+        self.wake_ups = WakeUps(redis, self.keys)
         self._scripts: dict[str, AsyncScript] = {
             name: redis.register_script(_load_script(name)) for name in _SCRIPTS
         }
@@ -209,7 +212,7 @@ class QueueStore:
             self._claim_scan_max,
         ]
         for c in asked:
-            keys += [self.keys.pending(c), self.keys.queued_tokens(c)]
+            keys += [self.keys.pending(c), self.keys.queued_tokens(c), self.keys.wake(c)]
             args += [c.value, class_offsets_ms[c]]
         job_id, token, expiry_ms, fields, expired, cancel_flag, more = await self._scripts["claim"](
             keys=keys, args=args
@@ -374,15 +377,3 @@ class QueueStore:
         """Record the first streamed token; False when the job does not exist."""
         reply = await self._scripts["mark_tokens_sent"](keys=[self.keys.job(job_id)])
         return int(reply) == 1
-
-    async def wait_for_work(self, classes: Collection[RequestClass], timeout_s: float) -> bool:
-        """Block until admit or reclaim signals new work of one of `classes`, or timeout; True
-        when woken."""
-        # BZPOPMIN reads 0 as "forever": an idle loop must still come back to reclaim leases.
-        if timeout_s <= 0:
-            raise ValueError(f"timeout_s must be > 0, got {timeout_s}")
-        if not classes:
-            raise ValueError("wait_for_work needs at least one class")
-        wake_keys = [self.keys.wake(c) for c in RequestClass if c in classes]
-        reply = await self._redis.bzpopmin(wake_keys, timeout=timeout_s)
-        return reply is not None

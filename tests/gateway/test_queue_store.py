@@ -452,22 +452,22 @@ async def _until_blocked(client: aioredis.Redis, count: int) -> None:
             await asyncio.sleep(0.005)
 
 
-async def test_wait_for_work_wakes_on_admit(client: aioredis.Redis, keys: Keys) -> None:
+async def test_a_wait_for_work_wakes_on_admit(client: aioredis.Redis, keys: Keys) -> None:
     store = QueueStore(client, keys)
-    assert await store.wait_for_work(BOTH, 0.05) is False
+    assert await store.wake_ups.wait(BOTH, 0.05) is None
     # fakeredis has no INFO; against it the admit may land before the BZPOPMIN, which then
     # pops the admit's marker at once: still "woken by the admit", through the other path.
     real_server = not isinstance(client, fakeredis.FakeAsyncRedis)
     blocked_before = await _blocked_clients(client) if real_server else 0
     # A timeout far past the test's own bounds: True can only mean the admit woke it.
-    waiter = asyncio.create_task(store.wait_for_work(BOTH, 120.0))
+    waiter = asyncio.create_task(store.wake_ups.wait(BOTH, 120.0))
     if real_server:
         # The BZPOPMIN must be blocked on the server before the admit, or the blocked
         # wake-up is not what is tested: wait for the server to say so.
         await _until_blocked(client, blocked_before + 1)
     assert not waiter.done()
     await store.admit(_job("a"))
-    assert await asyncio.wait_for(waiter, 30.0) is True
+    assert await asyncio.wait_for(waiter, 30.0) is not None
 
 
 async def test_wake_markers_are_bounded(client: aioredis.Redis, keys: Keys) -> None:
@@ -476,7 +476,12 @@ async def test_wake_markers_are_bounded(client: aioredis.Redis, keys: Keys) -> N
         await store.admit(_job(f"j{n}", enqueue_ms=T0 + n))
     assert await client.zcard(keys.wake(B)) == 3
     assert await client.zcard(keys.wake(INT)) == 0
-    assert [await store.wait_for_work(BOTH, 0.05) for _ in range(4)] == [True, True, True, False]
+    assert [await store.wake_ups.wait(BOTH, 0.05) is not None for _ in range(4)] == [
+        True,
+        True,
+        True,
+        False,
+    ]
 
 
 async def test_a_wake_up_goes_to_a_waiter_of_its_class(client: aioredis.Redis, keys: Keys) -> None:
@@ -487,23 +492,23 @@ async def test_a_wake_up_goes_to_a_waiter_of_its_class(client: aioredis.Redis, k
     store = QueueStore(client, keys)
     await store.admit(_job("j1", INT))
     await store.admit(_job("j2", B))
-    assert await store.wait_for_work([B], 0.05) is True  # the bulk marker
-    assert await store.wait_for_work([B], 0.05) is False  # the chat's is not bulk's to take
-    assert await store.wait_for_work([INT], 0.05) is True
+    assert await store.wake_ups.wait([B], 0.05) is not None  # the bulk marker
+    assert await store.wake_ups.wait([B], 0.05) is None  # the chat's is not bulk's to take
+    assert await store.wake_ups.wait([INT], 0.05) is not None
     if isinstance(client, fakeredis.FakeAsyncRedis):
         return
     # Blocked waiters on a real server, the bulk-only one first (Redis serves the longest
     # blocked client first): a chat's admit wakes the chat waiter and leaves the bulk one.
     blocked_before = await _blocked_clients(client)
-    bulk_waiter = asyncio.create_task(store.wait_for_work([B], 120.0))
+    bulk_waiter = asyncio.create_task(store.wake_ups.wait([B], 120.0))
     await _until_blocked(client, blocked_before + 1)
-    chat_waiter = asyncio.create_task(store.wait_for_work([INT], 120.0))
+    chat_waiter = asyncio.create_task(store.wake_ups.wait([INT], 120.0))
     await _until_blocked(client, blocked_before + 2)
     await store.admit(_job("j3", INT))
-    assert await asyncio.wait_for(chat_waiter, 30.0) is True
+    assert await asyncio.wait_for(chat_waiter, 30.0) is not None
     assert not bulk_waiter.done()
     await store.admit(_job("j4", B))
-    assert await asyncio.wait_for(bulk_waiter, 30.0) is True
+    assert await asyncio.wait_for(bulk_waiter, 30.0) is not None
 
 
 async def test_reclaim_wakes_the_class_of_the_requeued_job(
@@ -512,12 +517,45 @@ async def test_reclaim_wakes_the_class_of_the_requeued_job(
     store = QueueStore(client, keys)
     await store.admit(_job("c1", INT))
     assert await _claim_id(store, T0) == "c1"
-    # Drain the admit's marker, then let the lease lapse: the sweep requeues the chat.
-    assert await store.wait_for_work([INT], 0.05) is True
+    # The claim that emptied the queue took the admit's marker with it; then the lease
+    # lapses and the sweep requeues the chat.
+    assert await store.wake_ups.wait([INT], 0.05) is None
     result = await store.reclaim(T0 + LEASE_MS + 1)
     assert result.requeued_ids == ("c1",)
     assert await client.zcard(keys.wake(B)) == 0
-    assert await store.wait_for_work([INT], 0.05) is True
+    assert await store.wake_ups.wait([INT], 0.05) is not None
+
+
+async def test_a_claim_that_empties_a_queue_forgets_its_wake_ups(
+    client: aioredis.Redis, keys: Keys
+) -> None:
+    # Markers of work that is gone would each cost an idle replica a claim that finds nothing.
+    store = QueueStore(client, keys)
+    for n in range(2):
+        await store.admit(_job(f"b{n}", B, enqueue_ms=T0 + n))
+    await store.admit(_job("c0", INT))
+    assert await _claim_id(store, T0, classes=(B,)) == "b0"
+    assert await client.zcard(keys.wake(B)) == 2  # b1 is still queued
+    assert await _claim_id(store, T0, classes=(B,)) == "b1"
+    assert await client.zcard(keys.wake(B)) == 0
+    assert await client.zcard(keys.wake(INT)) == 1  # not asked: untouched
+    # A claim that finds nothing at all forgets the asked empty classes' markers too.
+    await client.zadd(keys.wake(B), {"stale": T0})
+    assert await _claim_id(store, T0, classes=(B,)) is None
+    assert await client.zcard(keys.wake(B)) == 0
+
+
+async def test_a_passed_on_wake_up_is_there_for_the_next_waiter(
+    client: aioredis.Redis, keys: Keys
+) -> None:
+    store = QueueStore(client, keys)
+    await store.admit(_job("c1", INT, enqueue_ms=T0 + 7))
+    wake_up = await store.wake_ups.wait([INT], 0.05)
+    assert wake_up is not None
+    assert (wake_up.request_class, wake_up.member, wake_up.score) == (INT, "c1", T0 + 7)
+    assert await store.wake_ups.wait(BOTH, 0.05) is None
+    await store.wake_ups.pass_on(wake_up)
+    assert await store.wake_ups.wait(BOTH, 0.05) == wake_up
 
 
 # ---- races on a real server --------------------------------------------------------------

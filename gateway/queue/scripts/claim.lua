@@ -4,7 +4,8 @@
 -- deadline passed are marked expired on the way and never returned as claimed.
 --
 -- KEYS[1] inflight  KEYS[2] fence
--- KEYS[1 + 2i] pending:{class i}  KEYS[2 + 2i] queued_tokens:{class i}   (i = 1..n)
+-- KEYS[3i] pending:{class i}  KEYS[3i + 1] queued_tokens:{class i}  KEYS[3i + 2] wake:{class i}
+--   (i = 1..n)
 -- ARGV: prefix, now_ms, lease_ms, replica, max_scan, then per class i: class, offset_ms
 --       (ties go to the class listed first)
 -- Returns {id, lease_token, lease_expiry_ms, job_fields, expired_ids, cancel_flag, more}: id is
@@ -14,11 +15,16 @@
 -- queue still holds entries after this claim (0: the caller need not claim again until woken).
 -- At most max_scan queue entries are removed per call: with nothing claimed but expired_ids
 -- non-empty, the caller should call again.
+-- An asked class whose queue this call leaves empty loses its wake-up markers: they announced
+-- work that is gone, and each would cost an idle replica a claim that finds nothing.
 
 local inflight_key, fence_key = KEYS[1], KEYS[2]
 local prefix, now_ms, replica = ARGV[1], tonumber(ARGV[2]), ARGV[4]
 local lease_ms, max_scan = tonumber(ARGV[3]), tonumber(ARGV[5])
-local n_classes = (#KEYS - 2) / 2
+local n_classes = (#KEYS - 2) / 3
+local function pending_key(i) return KEYS[3 * i] end
+local function tokens_key(i) return KEYS[3 * i + 1] end
+local function wake_key(i) return KEYS[3 * i + 2] end
 local expired = {}
 local deadline_error = cjson.encode({
   code = 'deadline_expired', message = 'the deadline passed before the job could start'})
@@ -27,7 +33,7 @@ local deadline_error = cjson.encode({
 local function pick()
   local best_i, best_id, best_score = nil, nil, nil
   for i = 1, n_classes do
-    local head = redis.call('ZRANGE', KEYS[1 + 2 * i], 0, 0, 'WITHSCORES')
+    local head = redis.call('ZRANGE', pending_key(i), 0, 0, 'WITHSCORES')
     if #head > 0 then
       local score = tonumber(head[2]) + tonumber(ARGV[5 + 2 * i])
       if best_score == nil or score < best_score then
@@ -38,17 +44,30 @@ local function pick()
   return best_i, best_id
 end
 
+-- 1 when an asked queue still holds entries; the markers of every empty one deleted.
+local function forget_empty_wake_ups()
+  local more = 0
+  for j = 1, n_classes do
+    if redis.call('ZCARD', pending_key(j)) > 0 then
+      more = 1
+    else
+      redis.call('DEL', wake_key(j))
+    end
+  end
+  return more
+end
+
 for _ = 1, max_scan do
   local i, id = pick()
   if i == nil then
     break
   end
-  redis.call('ZREM', KEYS[1 + 2 * i], id)
+  redis.call('ZREM', pending_key(i), id)
   local job_key = prefix .. 'job:' .. id
   local f = redis.call('HMGET', job_key, 'status', 'cost_tokens', 'deadline_ms', 'started_ms')
   -- Anything but a queued job here is a stray entry (its hash is gone): dropping it is the fix.
   if f[1] == 'queued' then
-    redis.call('DECRBY', KEYS[2 + 2 * i], f[2])
+    redis.call('DECRBY', tokens_key(i), f[2])
     local deadline_ms = tonumber(f[3])
     if deadline_ms > 0 and deadline_ms < now_ms then
       redis.call('HSET', job_key, 'status', 'expired', 'finished_ms', ARGV[2],
@@ -65,16 +84,11 @@ for _ = 1, max_scan do
       end
       redis.call('ZADD', inflight_key, expiry_ms, id)
       local cancel_flag = redis.call('EXISTS', prefix .. 'cancel:' .. id)
-      local more = 0
-      for j = 1, n_classes do
-        if redis.call('ZCARD', KEYS[1 + 2 * j]) > 0 then
-          more = 1
-          break
-        end
-      end
+      local more = forget_empty_wake_ups()
       return {id, token, expiry_ms, redis.call('HGETALL', job_key), expired, cancel_flag, more}
     end
   end
 end
 
+forget_empty_wake_ups()
 return {'', 0, '0', {}, expired, 0, 0}
