@@ -1,9 +1,9 @@
-"""The Lua scripts the batch layer runs: its own (`batch_*.lua`) and two of the queue's.
+"""The Lua scripts the batch layer runs: its own (`batch_*.lua`) and one of the queue's.
 
-NOTE: `admit.lua` and `list_page.lua` are the queue's own scripts, run here with other keys
-(a batch's job listing instead of the tenant's; a tenant's files or batches instead of jobs),
-so batch lines get exactly the queue's admission (duplicate ids, the class bound) and listings
-get its cursor semantics, without a second copy of either script.
+NOTE: `list_page.lua` is the queue's own script, run here with other keys (a tenant's files
+or batches instead of jobs), so listings get its cursor semantics without a second copy. Batch
+lines are admitted through `QueueStore.admit_many` itself (the batch's job listing as the
+listing key), so they get exactly the queue's admission.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from importlib import resources
 from redis.asyncio import Redis
 from redis.commands.core import AsyncScript
 
-NAMES = ("admit", "list_page", "batch_record", "batch_transition", "batch_unlock")
+NAMES = ("list_page", "batch_record", "batch_transition", "batch_unlock")
 
 
 def load_scripts(redis: Redis) -> dict[str, AsyncScript]:

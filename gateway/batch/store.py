@@ -2,7 +2,8 @@
 
 State changes that must be atomic are Lua scripts (`batch_record.lua`: a line's outcome exactly
 once; `batch_transition.lua`: a status change, fenced by the supervisor's lock). Feeding a line
-runs the queue's own `admit.lua` with the batch's job listing as the listing key.
+runs the queue's own admit (`QueueStore.admit_many`) with the batch's job listing as the
+listing key.
 """
 
 from __future__ import annotations
@@ -15,16 +16,13 @@ from redis.asyncio import Redis
 from gateway.batch.keys import BatchKeys
 from gateway.batch.records import BatchRecord
 from gateway.batch.scripts import load_scripts
-from gateway.queue import AdmitStatus, NewJob
+from gateway.queue import AdmitStatus, NewJob, QueueStore
 from gateway.queue.redis_text import redis_text
-from policies.request_class import RequestClass
 
 __all__ = ["BatchStore", "PassAborted"]
 
 # How many list entries one command moves (RPUSH at creation, cleanup deletes).
 _CHUNK = 1000
-# admit.lua's bound on the wake-up ZSET (the queue store's default).
-_WAKE_MAX = 256
 
 
 class PassAborted(Exception):
@@ -38,6 +36,8 @@ class BatchStore:
         self._redis = redis
         self.keys = keys
         self.scripts = load_scripts(redis)
+        # Lines are admitted by the queue's own admit, listed under the batch.
+        self._queue = QueueStore(redis, keys.queue)
 
     # -- the API's side ----------------------------------------------------------------------
 
@@ -140,24 +140,11 @@ class BatchStore:
         The caller pops the todo prefix up to the first refusal; a job admitted after a
         refusal stays in the todo list and is found as a duplicate next time.
         """
-        k, q = self.keys, self.keys.queue
         if not jobs:
             return []
-        # admit.lua takes a batch: KEYS (job, pending, tokens, listing, wake) per job; ARGV
-        # wake_max + 13 fields per job; one {status, depth} pair back per job, in order.
-        keys: list[str] = []
-        args: list[str | int] = [_WAKE_MAX]
-        for job in jobs:
-            keys += [
-                q.job(job.job_id),
-                q.pending(RequestClass.BULK),
-                q.queued_tokens(RequestClass.BULK),
-                k.jobs(batch_id),
-                q.wake(RequestClass.BULK),
-            ]
-            args += job.admit_args()
-        flat = await self.scripts["admit"](keys=keys, args=args)
-        statuses = [AdmitStatus(redis_text(flat[i])) for i in range(0, len(flat), 2)]
+        k = self.keys
+        results = await self._queue.admit_many(jobs, listing_key=k.jobs(batch_id))
+        statuses = [result.status for result in results]
         placed = [
             j.job_id for j, s in zip(jobs, statuses, strict=True) if s is not AdmitStatus.QUEUE_FULL
         ]

@@ -112,8 +112,14 @@ class QueueStore:
         (result,) = await self.admit_many([job])
         return result
 
-    async def admit_many(self, jobs: Sequence[NewJob]) -> list[AdmitResult]:
-        """Admit each job in order, as many lone `admit` calls would, in one script call."""
+    async def admit_many(
+        self, jobs: Sequence[NewJob], listing_key: str | None = None
+    ) -> list[AdmitResult]:
+        """Admit each job in order, as many lone `admit` calls would, in one script call.
+
+        `listing_key`: the sorted set that lists the jobs (default: each job's tenant's
+        listing; the Batch API lists a batch's jobs under the batch instead).
+        """
         if not jobs:
             return []
         k = self.keys
@@ -124,7 +130,7 @@ class QueueStore:
                 k.job(job.job_id),
                 k.pending(job.request_class),
                 k.queued_tokens(job.request_class),
-                k.tenant_jobs(job.tenant),
+                k.tenant_jobs(job.tenant) if listing_key is None else listing_key,
                 k.wake(job.request_class),
             ]
             args += job.admit_args()
