@@ -66,6 +66,19 @@ def _waits(client: aioredis.Redis, keys: Keys, classes: tuple[RequestClass, ...]
     return ClaimWaits(QueueStore(client, keys), classes, NEVER_S, Backoff())
 
 
+async def _chat_slots_fill_while_waiting(
+    waits: ClaimWaits, admin: aioredis.Redis, blocked: int
+) -> asyncio.Task[None]:
+    """An idle wait on both classes (one BZPOPMIN each, still blocked after it ends); then its
+    chat slots fill up (a direct start) and the replica waits with bulk room only."""
+    idle_wait = asyncio.create_task(waits.wait(work=(INT, B), slot=True))
+    await _until_blocked(admin, blocked + 2)
+    waits.slot_freed.set()  # the claim loop's turn: here, its chat slots fill up
+    await idle_wait
+    waits.slot_freed.clear()
+    return asyncio.create_task(waits.wait(work=(B,), slot=True))
+
+
 async def test_a_replica_full_of_chats_does_not_wait_for_chat_work(
     clients: list[aioredis.Redis], keys: Keys
 ) -> None:
@@ -104,12 +117,7 @@ async def test_a_wake_up_popped_after_the_slots_filled_is_passed_on(
     filling = _waits(first, keys, (INT, B))
     with_room = _waits(second, keys, (INT,))
     try:
-        idle_wait = asyncio.create_task(filling.wait(work=(INT, B), slot=True))
-        await _until_blocked(admin, base + 2)  # one BZPOPMIN per class
-        filling.slot_freed.set()  # the claim loop's turn: here, its chat slots fill up
-        await idle_wait
-        filling.slot_freed.clear()
-        full_wait = asyncio.create_task(filling.wait(work=(B,), slot=True))
+        full_wait = await _chat_slots_fill_while_waiting(filling, admin, base)
         room_wait = asyncio.create_task(with_room.wait(work=(INT,), slot=False))
         await _until_blocked(admin, base + 3)
         await admitter.admit(_job("c1", INT))
@@ -134,12 +142,7 @@ async def test_a_full_replica_keeps_a_wake_up_for_itself_when_no_one_else_waits(
     base = await _blocked(admin)
     waits = _waits(first, keys, (INT, B))
     try:
-        idle_wait = asyncio.create_task(waits.wait(work=(INT, B), slot=True))
-        await _until_blocked(admin, base + 2)
-        waits.slot_freed.set()
-        await idle_wait
-        waits.slot_freed.clear()
-        full_wait = asyncio.create_task(waits.wait(work=(B,), slot=True))
+        full_wait = await _chat_slots_fill_while_waiting(waits, admin, base)
         await admitter.admit(_job("c1", INT))
         async with asyncio.timeout(30.0):
             while await admin.zcard(keys.wake(INT)) == 0 or await _blocked(admin) > base + 1:
