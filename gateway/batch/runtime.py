@@ -28,7 +28,7 @@ class BatchRuntime:
         cls, redis: Redis, queue: QueueStore, settings: Settings, bulk_queue_limit: int
     ) -> BatchRuntime:
         keys = BatchKeys(queue.keys)
-        batches = BatchStore(redis, keys)
+        batches = BatchStore(redis, keys, queue)
         files = FileStore(redis, keys, LocalFileStorage(settings.files_dir), batches.scripts)
         config = SupervisorConfig(
             poll_interval_s=settings.batch_poll_interval_s,

@@ -32,12 +32,13 @@ class PassAborted(Exception):
 
 
 class BatchStore:
-    def __init__(self, redis: Redis, keys: BatchKeys) -> None:
+    def __init__(self, redis: Redis, keys: BatchKeys, queue: QueueStore) -> None:
         self._redis = redis
         self.keys = keys
         self.scripts = load_scripts(redis)
-        # Lines are admitted by the queue's own admit, listed under the batch.
-        self._queue = QueueStore(redis, keys.queue)
+        # The gateway's own queue store: lines are admitted by its admit (and its wake-up
+        # bound), listed under the batch.
+        self._queue = queue
 
     # -- the API's side ----------------------------------------------------------------------
 

@@ -118,7 +118,7 @@ class Dispatcher:
         self._unmatched_cancels: OrderedDict[str, None] = OrderedDict()
         # Classes this replica serves at all (a limit of 0 turns a class off here).
         self._open_classes = [c for c in RequestClass if config.max_active_by_class[c] > 0]
-        # Idle, it waits on the wake-ups of those classes only (`Keys.wake`).
+        # Idle, it waits on the wake-ups of those of them it has room for (`Keys.wake`).
         self._waits = ClaimWaits(store, self._open_classes, config.wait_timeout_s, self._backoff)
         self._claim_task: asyncio.Task[None] | None = None
         self._periodic: list[asyncio.Task[None]] = []

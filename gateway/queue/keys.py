@@ -63,8 +63,9 @@ class Keys:
 
     def wake(self, request_class: RequestClass) -> str:
         """Bounded ZSET of one class that admit and reclaim touch; an idle dispatcher BZPOPMINs
-        on the ones of the classes it runs, so a replica that does not run a class neither
-        wakes for its work nor takes a wake-up meant for a replica that does."""
+        on the ones of the classes it has free slots for, so a replica that does not run a
+        class (or has no room for it) neither wakes for its work nor keeps a wake-up meant for
+        a replica that could run it (`gateway.queue.wake_ups`)."""
         return f"{self.prefix}wake:{request_class.value}"
 
     def queued_tokens(self, request_class: RequestClass) -> str:

@@ -100,9 +100,10 @@ class Rig:
 async def rig(redis_server: str, tmp_path: Path) -> AsyncIterator[Rig]:
     client = aioredis.Redis.from_url(redis_server, decode_responses=True)
     keys = Keys(f"{{bt-{uuid.uuid4().hex[:8]}}}:")
-    batches = BatchStore(client, BatchKeys(keys))
+    queue = QueueStore(client, keys)
+    batches = BatchStore(client, BatchKeys(keys), queue)
     files = FileStore(client, batches.keys, LocalFileStorage(tmp_path), batches.scripts)
-    yield Rig(client, QueueStore(client, keys), batches, files)
+    yield Rig(client, queue, batches, files)
     await client.aclose()
 
 
