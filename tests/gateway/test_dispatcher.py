@@ -10,9 +10,10 @@ from __future__ import annotations
 
 import asyncio
 import json
+import threading
 import time
 import uuid
-from collections.abc import AsyncGenerator, AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator, Callable, Iterator
 from contextlib import aclosing
 from pathlib import Path
 from typing import Any, cast
@@ -24,6 +25,7 @@ from redis.exceptions import ResponseError
 
 from engine.core.config import EngineConfig
 from engine.core.llm_engine import LLMEngine
+from engine.core.request import RequestOutput
 from engine.core.sampling_params import SamplingParams
 from engine.process.async_engine import AsyncEngine
 from gateway.dispatch.config import DispatcherConfig
@@ -43,6 +45,7 @@ INT, B = RequestClass.INTERACTIVE, RequestClass.BULK
 TENANT = "t1"
 OFFSETS_MS = {INT: 0, B: 30_000}
 K = DispatchEventKind
+StepHold = Callable[[int], None]
 
 
 class FakeClock:
@@ -179,6 +182,36 @@ async def _kinds_so_far(client: aioredis.Redis, keys: Keys, job_id: str) -> list
 def _blocks_free_now(engine: AsyncEngine) -> bool:
     manager = engine.engine.block_manager
     return manager.num_free_blocks == manager.num_blocks
+
+
+@pytest.fixture
+def hold_steps(engine: AsyncEngine, monkeypatch: pytest.MonkeyPatch) -> Iterator[StepHold]:
+    """`hold(n)`: once n requests have each produced a token, the engine thread takes no
+    further step until something is aborted, so which jobs are still running at that point
+    does not depend on how fast the engine thread runs against the test's event loop."""
+    release = threading.Event()
+    real_step, real_abort = engine.engine.step, engine.abort
+
+    def hold(requests: int) -> None:
+        with_tokens: set[str] = set()
+
+        def step() -> list[RequestOutput]:
+            if len(with_tokens) >= requests:
+                release.wait()
+            outputs = real_step()
+            with_tokens.update(o.request_id for o in outputs if o.new_token_ids)
+            return outputs
+
+        def abort(request_id: str) -> None:
+            release.set()
+            real_abort(request_id)
+
+        monkeypatch.setattr(engine.engine, "step", step)
+        monkeypatch.setattr(engine, "abort", abort)
+
+    yield hold
+    # Never leave the module's engine thread waiting (a failed test may not have aborted).
+    release.set()
 
 
 async def _all_blocks_free(engine: AsyncEngine, within_s: float = 30.0) -> bool:
@@ -517,18 +550,23 @@ async def test_stop_waits_for_jobs_that_finish_within_the_drain_timeout(
 
 @pytest.mark.redis
 async def test_stop_hands_back_jobs_still_running_at_the_timeout(
-    engine: AsyncEngine, client: aioredis.Redis, store: QueueStore, streams: TokenStreams
+    engine: AsyncEngine,
+    client: aioredis.Redis,
+    store: QueueStore,
+    streams: TokenStreams,
+    hold_steps: StepHold,
 ) -> None:
     bulk_ids = [await _admit(store, B, 600) for _ in range(2)]
     chat_id = await _admit(store, INT, 600)
+    hold_steps(3)
     dispatcher = Dispatcher(store, streams, engine, _config(), redis=client)
     await dispatcher.start()
     for job_id in [*bulk_ids, chat_id]:
         assert (await _first_event(streams, job_id)).kind == DELTA
 
-    # A zero drain timeout: every job (600 tokens, each just past its first) is still running
-    # when it ends, whatever this CPU's speed. (Before: 0.1 s and "stop returned within 1.6 s"
-    # of wall time; a stop that waited for the jobs would show as finished, not handed back.)
+    # Every job is still running when the (zero) drain timeout ends: the engine steps no further
+    # once all three have their first token, until the hand-back aborts them. (Before: 600
+    # tokens and a race, lost on a loaded CI machine, between the engine thread and this loop.)
     drained = await dispatcher.stop(drain_timeout_s=0.0)
 
     assert sorted(drained.handed_back) == sorted([*bulk_ids, chat_id])
