@@ -143,12 +143,16 @@ def _provenance_from_dict(table: Mapping[str, object]) -> Provenance:
 # at the same bulk rate within noise (490 vs 489, 477 vs 509 tokens per busy second); on the vLLM
 # backend, whose steps carry more fixed host cost, 64 cost an eighth of its bulk rate (378 vs
 # 431 tokens per busy second, vllm-priority 455). A sweep per engine picks its own.
-# NOTE: on `mixed` (4 chats a second, so the cap is on the whole phase) 128 costs the vLLM
-# backend more: one paired probe (`--policies mixgate-vllm --repeats 1`, --envelope this default
-# with 128 or 256) gave bulk under chat / alone 433/568 at 128 and 515/521 at 256, chat TTFT p99
-# 139 vs 155 ms, ITL p99 73 vs 101 ms (vllm-priority: 1,035 and 119 in a run minutes before).
-# Not changed on one probe: the vllm-priority baseline takes this chunk too (its
-# long_prefill_token_threshold), so a change moves both sides; it wants a 3-policy sweep.
+# NOTE: the vLLM backend's chunk is a trade, measured paired (`--policies
+# vllm-priority,mixgate-vllm --repeats 2`, --envelope this default at 128 or 256, so vLLM's
+# long_prefill_token_threshold moved with it; a faster 2-vCPU AMD EPYC, chats alone at a TTFT
+# p99 of 22-79 ms). On `mixed` (4 chats a second: the cap is on the whole phase) 256 bought
+# mixgate-vllm bulk: 1,444-1,572 tokens per busy s against 1,023-1,232 (÷ vllm-priority's
+# 1.07-1.13 against 0.76-0.92; vllm-priority's own 1,293-1,385 either way); on
+# chat-over-backlog its rate did not separate from noise (1,077-1,407 against 1,162-1,251).
+# It cost the chat's tail on both: TTFT p99 under the backlog ÷ alone 1.9-3.1× against
+# 1.4-1.9×, and ITL p99 23-30 ms against 15 on chat-over-backlog. 128 stays: this envelope
+# serves chat first; a deployment that wants the bulk sweeps for its own (`envelope derive`).
 DEFAULT_BULK_CHUNK_TOKENS: Final = {"native": 64, "vllm": 128}
 
 
