@@ -47,7 +47,10 @@ class EngineConfig:
     # Decode attention by the engine's own kernel over the paged cache in place: on CPU (fp32 or
     # bf16 caches) a C kernel (engine/model/kernels/; 4-6x faster than gathering K/V copies for
     # torch's SDPA on this project's 2-vCPU machines), on CUDA a Triton one; False, or no C
-    # compiler / no Triton, keeps the gather and SDPA.
+    # compiler / no Triton, keeps the gather and SDPA. Prefill chunks too, on CPU with an fp32
+    # cache (engine/model/kernels/paged_prefill_attention.c: causal over the cache in place,
+    # 1.6x torch's flash SDPA on a 2,048-token prompt of 100m, no gather or mask for a later
+    # chunk); False keeps SDPA.
     paged_attention_kernel: bool = True
     # CPU, fp32: RMSNorm (with the residual add), SiLU * up and rotary each in one C pass
     # (engine/model/kernels/fused_elementwise.c: 2-4x faster than eager torch's op chains, 4x

@@ -43,6 +43,24 @@ class DecodeKernel(Protocol):
         ...
 
 
+class PrefillKernel(Protocol):
+    """Causal chunk attention over the paged cache in place: the C kernel for fp32 caches on
+    CPU (engine/model/kernels/paged_prefill.py)."""
+
+    def attend(
+        self,
+        q: torch.Tensor,
+        k_cache: torch.Tensor,
+        v_cache: torch.Tensor,
+        block_table: torch.Tensor,
+        start_pos: int,
+    ) -> torch.Tensor:
+        """q [rows, heads, d], row i at position start_pos + i; one layer's caches [blocks,
+        block_size, kv_heads, d]; block_table int64 [blocks of the sequence] -> [rows, heads,
+        d]."""
+        ...
+
+
 def additive_mask(visible: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     """0 where a key is visible, -inf where not: SDPA's own form of a boolean mask.
 
@@ -84,7 +102,8 @@ class PrefillSpan:
     # Block ids covering [0, context_len).
     block_table: torch.Tensor
     # [chunk, context_len] additive causal mask (0 or -inf) over the whole context; None for
-    # a first chunk, whose own fresh K/V are the whole context (plain causal attention).
+    # a first chunk, whose own fresh K/V are the whole context (plain causal attention), and
+    # for every chunk when the prefill kernel attends (it masks by position).
     mask: torch.Tensor | None
 
 
@@ -146,6 +165,7 @@ class PagedAttention:
         metadata: PagedAttentionMetadata,
         buffers: GatherBuffers,
         decode_kernel: DecodeKernel | None = None,
+        prefill_kernel: PrefillKernel | None = None,
     ):
         # kv_cache: [layers, 2, num_blocks, block_size, kv_heads, head_dim]
         self.kv_cache = kv_cache
@@ -153,6 +173,8 @@ class PagedAttention:
         self.buffers = buffers
         # Attends the decode groups that carry context_lens, over the cache in place.
         self.decode_kernel = decode_kernel
+        # Attends every prefill span over the cache in place (no gather, no mask).
+        self.prefill_kernel = prefill_kernel
 
     def attend(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         k_cache, v_cache = self.kv_cache[layer, 0], self.kv_cache[layer, 1]
@@ -245,7 +267,12 @@ class PagedAttention:
         v_cache: torch.Tensor,
         span: PrefillSpan,
     ) -> torch.Tensor:
+        if self.prefill_kernel is not None:
+            start_pos = span.context_len - (span.query_end - span.query_start)
+            return self.prefill_kernel.attend(q, k_cache, v_cache, span.block_table, start_pos)
         if span.mask is None:
+            # Metadata built for the kernel carries no masks: it must not reach SDPA.
+            assert span.context_len == q.shape[0], "a later chunk needs its mask without the kernel"
             keys, values, causal = k, v, True
         else:
             k_buf, v_buf = self._gather(k_cache, v_cache, span.block_table)

@@ -11,6 +11,7 @@ from engine.model.attention import (
     GatherBuffers,
     PagedAttention,
     PagedAttentionMetadata,
+    PrefillKernel,
     PrefillSpan,
     additive_mask,
     decode_attention_dtype,
@@ -24,6 +25,7 @@ from engine.model.kernels.fused_elementwise_triton import triton_fused_elementwi
 from engine.model.kernels.fused_ops import fused_elementwise_kernel
 from engine.model.kernels.paged_decode import PagedDecodeKernel, paged_decode_kernel
 from engine.model.kernels.paged_decode_triton import TritonPagedDecode, triton_paged_decode
+from engine.model.kernels.paged_prefill import PagedPrefillKernel, paged_prefill_kernel
 from engine.model.kernels.skinny import skinny_linear_kernel
 from engine.model.kv_cache_memory import populate_in_background, zeroed_kv_cache
 from engine.model.prepacked_linear import (
@@ -107,6 +109,9 @@ class ModelRunner:
         # installed; else gathered copies and torch's SDPA.
         # `paged_kernel=False` keeps the latter (EngineConfig.paged_attention_kernel).
         self.decode_kernel = _decode_kernel(config, dtype, device) if paged_kernel else None
+        # Prefill chunks likewise, causally over the cache in place: fp32 caches on CPU (a C
+        # compiler here); else SDPA over the fresh K/V, or over a gathered copy and a mask.
+        self.prefill_kernel = _prefill_kernel(config, dtype, device) if paged_kernel else None
         # RMSNorm (with the residual add), SiLU * up and rotary in one pass each where a kernel
         # runs: C for fp32 on CPU (a C compiler here), Triton on CUDA (Triton installed);
         # `fused_elementwise=False` keeps eager torch (EngineConfig.fused_elementwise_kernels).
@@ -186,7 +191,9 @@ class ModelRunner:
             if hidden is not None:
                 return self._sample_hidden(inputs, hidden)
         meta = self._metadata(chunks, inputs)
-        attention = PagedAttention(self.kv_cache, meta, self.gather_buffers, self.decode_kernel)
+        attention = PagedAttention(
+            self.kv_cache, meta, self.gather_buffers, self.decode_kernel, self.prefill_kernel
+        )
         hidden = self.model(inputs.input_ids, inputs.positions, attention)
         return self._sample_hidden(inputs, hidden)
 
@@ -252,7 +259,7 @@ class ModelRunner:
             row = inputs.row_ids[index]
             block_table = table[row, : -(-chunk.end_pos // size)]
             span_mask: torch.Tensor | None = None
-            if chunk.start_pos > 0:
+            if chunk.start_pos > 0 and self.prefill_kernel is None:
                 query_pos = inputs.positions[start : start + chunk.num_tokens]
                 key_pos = self.inputs.arange(chunk.end_pos)
                 span_mask = additive_mask(key_pos.unsqueeze(0) <= query_pos.unsqueeze(1), dtype)
@@ -299,6 +306,17 @@ def _decode_kernel(
     if not PagedDecodeKernel.supports(heads, kv_heads, config.head_dim):
         return None
     return paged_decode_kernel()
+
+
+def _prefill_kernel(
+    config: ModelConfig, dtype: torch.dtype, device: torch.device
+) -> PrefillKernel | None:
+    if device.type != "cpu" or dtype != torch.float32:
+        return None
+    heads, kv_heads = config.num_attention_heads, config.num_key_value_heads
+    if not PagedPrefillKernel.supports(heads, kv_heads, config.head_dim):
+        return None
+    return paged_prefill_kernel()
 
 
 def _elementwise_kernels(dtype: torch.dtype, device: torch.device) -> ElementwiseKernels | None:

@@ -72,8 +72,8 @@ class Settings:
     num_threads: int | None = None
     kv_cache_bytes: int = 1 << 30
     # The native engine's decode attention by its own kernel over the paged cache (CPU, fp32 or
-    # bf16: built with the machine's gcc on first use; CUDA: Triton); false keeps torch's
-    # gather + SDPA.
+    # bf16: built with the machine's gcc on first use; CUDA: Triton), and its prefill attention
+    # likewise (CPU, fp32); false keeps torch's gather + SDPA.
     paged_attention_kernel: bool = True
     # RMSNorm, SiLU * up and rotary by the native engine's own C kernels (CPU, fp32; built with
     # the machine's gcc on first use); false keeps eager torch.

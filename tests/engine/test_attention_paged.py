@@ -3,9 +3,9 @@
 A mixed step as serving makes them (decodes over contexts of many lengths in several length
 groups, a prefill chunk in the middle of its prompt, a first chunk) over blocks scattered in
 the cache: every query's output must equal softmax(q·K/sqrt(d))·V computed in float64 over
-exactly the keys it may see, read back from the cache through its block table. Both decode
-paths: the paged decode kernel over the cache in place (the CPU default), and gathered copies
-through torch's SDPA (`paged_kernel=False`, and every device the kernel does not run on).
+exactly the keys it may see, read back from the cache through its block table. Both paths:
+the paged decode and prefill kernels over the cache in place (the CPU default), and gathered
+copies through torch's SDPA (`paged_kernel=False`, and every device the kernels do not run on).
 """
 
 from __future__ import annotations
@@ -40,6 +40,7 @@ def _runner(model_dir: Path, num_blocks: int, *, paged_kernel: bool = False) -> 
         paged_kernel=paged_kernel,
     )
     assert (runner.decode_kernel is not None) == paged_kernel, "the kernel was meant to build"
+    assert (runner.prefill_kernel is not None) == paged_kernel, "the kernel was meant to build"
     return runner
 
 
@@ -106,7 +107,11 @@ def _attend(runner: ModelRunner, chunks: list[ScheduledChunk]) -> tuple[torch.Te
         inputs = runner.inputs.build(chunks)
         meta = runner._metadata(chunks, inputs)
         attention = PagedAttention(
-            runner.kv_cache, meta, runner.gather_buffers, runner.decode_kernel
+            runner.kv_cache,
+            meta,
+            runner.gather_buffers,
+            runner.decode_kernel,
+            runner.prefill_kernel,
         )
         out = attention.attend(0, q, k, v)
     return q, out
@@ -121,11 +126,14 @@ def test_mixed_step_equals_dense_attention_over_scattered_blocks(
     assert len({c.num_tokens for c in chunks}) >= 3, "decodes, a middle chunk and a first chunk"
     q, out = _attend(runner, chunks)
     with torch.inference_mode():
-        meta_groups = runner._metadata(chunks, runner.inputs.build(chunks)).decodes
+        meta = runner._metadata(chunks, runner.inputs.build(chunks))
+        meta_groups = meta.decodes
     if paged_kernel:
         # Every decode in one call, each over its own context: no padding, no mask.
         (group,) = meta_groups
         assert group.mask is None and group.context_lens is not None
+        # Prefill spans too: the kernel masks by position, so no span carries a mask.
+        assert all(span.mask is None for span in meta.prefills)
         decodes = [c for c in chunks if c.num_tokens == 1]
         assert group.context_lens.tolist() == [c.end_pos for c in decodes]
     else:
