@@ -18,6 +18,7 @@ from engine.model.attention import (
 )
 from engine.model.config import ModelConfig
 from engine.model.decode_graphs import DecodeGraphs
+from engine.model.heap_reuse import keep_large_frees_for_reuse
 from engine.model.kernels.decode_forward import MAX_ROWS as DECODE_FORWARD_MAX_ROWS
 from engine.model.kernels.decode_forward import DecodeForward
 from engine.model.kernels.elementwise import ElementwiseKernels
@@ -102,6 +103,9 @@ class ModelRunner:
             dtype,
             device,
         )
+        if device.type == "cpu":
+            # After the cache: it keeps its own lazily committed mapping (heap_reuse.py).
+            keep_large_frees_for_reuse()
         # Pages committed ahead of the steps that first write them (EngineConfig.prewarm).
         self.populate_thread = populate_in_background(self.kv_cache) if populate_kv_cache else None
         # Decode attention over the cache in place (engine/model/kernels/) where it runs: fp32
