@@ -8,9 +8,10 @@ engine` times only short-context pure decodes. This times three steps over one M
 paged cache, interleaved round by round (mixed, its decodes alone, its chunk alone), so a
 before/after on a quiet machine sees the mixed step and what it is made of. `--profile` adds
 the torch profiler's split of the mixed step: input building, attention metadata, K/V
-write + gather, SDPA, the paged decode kernel, linears, and the rest. `--decode-attention both`
-times every step with the paged decode kernel and with gather + SDPA, interleaved, in one
-process (the kernel's before/after on the same cache).
+write + gather, SDPA, the paged decode and prefill kernels, linears, and the rest.
+`--decode-attention both` times every step with the paged decode kernel and with gather + SDPA,
+interleaved, in one process (the kernel's before/after on the same cache); the chunk takes the
+engine's prefill path in both.
 """
 
 from __future__ import annotations
@@ -162,6 +163,9 @@ def profile_shares(runner: ModelRunner, step: SchedulerOutput, steps: int) -> di
         if runner.decode_kernel is not None:
             kernel = runner.decode_kernel
             stack.enter_context(_patched(kernel, "attend", _ranged("mix:kernel")))
+        if runner.prefill_kernel is not None:
+            chunk_kernel = runner.prefill_kernel
+            stack.enter_context(_patched(chunk_kernel, "attend", _ranged("mix:prefill_kernel")))
         for linear in linears:
             stack.enter_context(_patched(linear, "forward", _ranged("mix:linear")))
         started = time.perf_counter()
@@ -178,13 +182,15 @@ def profile_shares(runner: ModelRunner, step: SchedulerOutput, steps: int) -> di
     sdpa = totals.get("mix:sdpa", 0.0)
     kernel_ms = totals.get("mix:kernel", 0.0)
     gather = totals.get("mix:gather", 0.0)
+    prefill_kernel_ms = totals.get("mix:prefill_kernel", 0.0)
     shares = {
         "inputs (positions, slots, block tables)": totals.get("mix:inputs", 0.0),
         "attention metadata (groups, masks)": totals.get("mix:metadata", 0.0),
         "attention: K/V gather": gather,
-        "attention: K/V write and the rest": attend - sdpa - gather - kernel_ms,
+        "attention: K/V write and the rest": attend - sdpa - gather - kernel_ms - prefill_kernel_ms,
         "attention: SDPA": sdpa,
         "attention: paged decode kernel": kernel_ms,
+        "attention: paged prefill kernel": prefill_kernel_ms,
         "linears (qkv, o, mlp, lm_head)": totals.get("mix:linear", 0.0),
     }
     shares["rest (norms, rope, activations, sampling, Python)"] = wall_ms - sum(shares.values())
