@@ -266,7 +266,10 @@ def build_parser() -> argparse.ArgumentParser:
         "--decode-attention",
         choices=("engine", "kernel", "sdpa", "both"),
         default="engine",
-        help="decode attention: the engine's choice, the paged kernel, gather + SDPA, or both",
+        help=(
+            "decode attention: the engine's choice, the paged kernel, gather + SDPA, or both"
+            " (the chunk takes the engine's prefill path in every variant)"
+        ),
     )
     parser.add_argument("--profile", action="store_true", help="split the mixed step by part")
     parser.add_argument("--json", default=None, help="write results here")
