@@ -54,7 +54,8 @@ typedef float vf __attribute__((vector_size(VW * sizeof(float))));
 
 /* gcc folds a vector that four FMAs share into each FMA as a memory operand: four loads of it
  * instead of one, and AVX-512 loads (two a cycle) then bound the loop, not the FMAs. An empty
- * asm that claims to change the register keeps it loaded once. */
+ * asm that claims to change the register keeps it loaded once: 2,048-token prompt, 64-key
+ * tiles, 24.2-26.9 ms a layer against 28.6-33.9 without it (a -DNO_KEEP build). */
 #ifdef NO_KEEP
 #define KEEP_IN_REGISTER(x) ((void)0)
 #else
