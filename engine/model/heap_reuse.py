@@ -20,10 +20,11 @@ being returned between steps, which is what a serving process wants. A no-op out
 from __future__ import annotations
 
 import ctypes
-import ctypes.util
 import functools
 
 import structlog
+
+from engine.model.libc import linux_libc
 
 __all__ = ["REUSE_BELOW_BYTES", "keep_large_frees_for_reuse"]
 
@@ -40,13 +41,12 @@ log = structlog.get_logger("mixgate.engine")
 @functools.cache
 def keep_large_frees_for_reuse() -> bool:
     """Raise glibc's mmap and trim thresholds to REUSE_BELOW_BYTES; True where it took."""
-    name = ctypes.util.find_library("c")
-    if name is None:
+    libc = linux_libc()
+    if libc is None:
         return False
     try:
-        libc = ctypes.CDLL(name)
         mallopt = libc.mallopt
-    except (OSError, AttributeError):
+    except AttributeError:
         return False  # not glibc (musl has no mallopt): its own allocator's behaviour stands
     mallopt.argtypes = [ctypes.c_int, ctypes.c_int]
     mallopt.restype = ctypes.c_int

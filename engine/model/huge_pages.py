@@ -20,13 +20,13 @@ would strand up to 2 MiB at each end (100m's smallest panel set is 2.4 MB).
 from __future__ import annotations
 
 import ctypes
-import ctypes.util
 import functools
-import sys
 from collections.abc import Callable, Sequence
 
 import structlog
 import torch
+
+from engine.model.libc import linux_libc
 
 __all__ = ["HUGE_PAGE_BYTES", "copy_into_huge_pages", "libc_madvise"]
 
@@ -79,12 +79,9 @@ def copy_into_huge_pages(tensors: Sequence[torch.Tensor]) -> list[torch.Tensor]:
 def libc_madvise() -> Callable[[int, int, int], int] | None:
     """libc's madvise(addr, length, advice) -> 0 or -1 (errno kept), or None where it is not
     Linux's (the advice numbers here are Linux's)."""
-    if not sys.platform.startswith("linux"):
-        return None  # MADV_HUGEPAGE's number is Linux's
-    name = ctypes.util.find_library("c")
-    if name is None:
+    libc = linux_libc()  # MADV_HUGEPAGE's number is Linux's
+    if libc is None:
         return None
-    libc = ctypes.CDLL(name, use_errno=True)
     madvise = libc.madvise
     madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
     madvise.restype = ctypes.c_int
