@@ -1,10 +1,10 @@
 """A large tensor freed by one step is reused by the next, not unmapped and faulted in again.
 
 Each case runs in a fresh interpreter (the thresholds are process-wide and the test process's
-runners have set them already): five rounds of a 64 MB tensor allocated, written whole and
+runners have set them already): ten rounds of a 64 MB tensor allocated, written whole and
 freed, counting the process's minor page faults. Without `keep_large_frees_for_reuse` every
 round maps fresh memory and faults on each page it writes; with it, the rounds after the heap
-has grown to hold the block (the first two here: glibc 2.36) fault on none.
+has grown to hold the block (within the first three here: glibc 2.36) fault on none.
 """
 
 from __future__ import annotations
@@ -17,7 +17,11 @@ from pathlib import Path
 
 import pytest
 
-ROUNDS = 5
+ROUNDS = 10
+# Rounds at the end that must not fault once the heap holds the block. Where the heap's
+# growth lands varies run to run (address-space layout): in 20 runs here the faulting rounds
+# were the 1st and 2nd (16) or the 1st and 3rd (4), never a later one.
+SETTLED_ROUNDS = 5
 TENSOR_BYTES = 64 << 20
 PAGE_BYTES = 4096
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -60,5 +64,5 @@ def test_rounds_after_the_first_reuse_the_freed_memory() -> None:
         pytest.skip("this machine's allocator already reuses 64 MB blocks (e.g. THP always)")
     reused = _faults("reuse")
     assert reused["took"] is True
-    later_reused = reused["faults"][2:]  # type: ignore[index]
+    later_reused = reused["faults"][-SETTLED_ROUNDS:]  # type: ignore[index]
     assert max(later_reused) < pages // 100, (later_plain, later_reused)
