@@ -77,6 +77,31 @@ def test_kernel_equals_causal_attention_over_scattered_blocks(
     torch.testing.assert_close(out.double(), expected, atol=2e-5, rtol=1e-5)
 
 
+# Larger scores round coarser in fp32 before any exp sees them, hence the wider tolerance at x16
+# (libm's expf in the kernel's place misses the same tolerances by the same margins).
+@pytest.mark.parametrize(("q_scale", "atol"), [(4.0, 2e-5), (16.0, 4e-5)])
+def test_scores_across_the_exponentials_whole_range(
+    kernel: PagedPrefillKernel, q_scale: float, atol: float
+) -> None:
+    """The kernel's own exp (a polynomial, not libm's) over all of its inputs: scaled queries
+    spread a row's scores 21-30 below its maximum at x4 and 88-117 at x16, past fp32's
+    underflow (e^-87 is its smallest normal), so that a row's weights span every exponent and
+    its far keys weigh nothing. A coefficient off by a third of a percent fails this by 50x."""
+    rows, start_pos, heads, kv_heads, head_dim, block_size = 70, 150, 4, 2, 64, 16
+    generator = torch.Generator().manual_seed(int(q_scale))
+    context = start_pos + rows
+    num_blocks = -(-context // block_size) + 5
+    k_cache = torch.randn(num_blocks, block_size, kv_heads, head_dim, generator=generator)
+    v_cache = torch.randn(num_blocks, block_size, kv_heads, head_dim, generator=generator)
+    table = torch.randperm(num_blocks, generator=generator)[: -(-context // block_size)]
+    q = torch.randn(rows, heads, head_dim, generator=generator) * q_scale
+    out = kernel.attend(q, k_cache, v_cache, table, start_pos)
+    keys = k_cache[table].flatten(0, 1)[:context]
+    values = v_cache[table].flatten(0, 1)[:context]
+    expected = _reference(q, keys, values, start_pos)
+    torch.testing.assert_close(out.double(), expected, atol=atol, rtol=1e-5)
+
+
 def test_rows_of_a_wider_batch_are_read_through_their_stride(kernel: PagedPrefillKernel) -> None:
     # The runner hands a span's rows of the step's q: a slice, contiguous per row only.
     generator = torch.Generator().manual_seed(3)
