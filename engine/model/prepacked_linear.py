@@ -20,7 +20,7 @@ import torch
 from torch import nn
 
 from engine.model.huge_pages import copy_into_huge_pages
-from engine.model.kernels.skinny import MAX_ROWS, SkinnyLinear
+from engine.model.kernels.skinny import SkinnyLinear
 
 __all__ = [
     "PrepackedLinear",
@@ -64,7 +64,7 @@ class PrepackedLinear(nn.Module):
     lm_head shares the embedding's); otherwise the packed copy replaces it.
 
     With `skinny` given, an fp32 weight it takes (up to its MAX_WEIGHT_BYTES) is also packed for
-    it (engine/model/kernels/skinny.py), and calls of at most MAX_ROWS rows go there instead:
+    it (engine/model/kernels/skinny.py), and calls of at most its `max_rows` rows go there instead:
     faster than oneDNN at those row counts, small and streamed weights alike.
     """
 
@@ -81,7 +81,12 @@ class PrepackedLinear(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         skinny, panels = self.skinny, self.panels
-        if skinny is not None and panels is not None and x.dim() == 2 and x.shape[0] <= MAX_ROWS:
+        if (
+            skinny is not None
+            and panels is not None
+            and x.dim() == 2
+            and x.shape[0] <= skinny.max_rows
+        ):
             return skinny.matmul(x, panels, self.out_features, self.bias)
         return prepacked_matmul(x, self.packed, self.bias)
 
@@ -162,7 +167,7 @@ def warm_row_buckets(model: nn.Module, max_rows: int) -> int:
     with torch.inference_mode():
         for linear in by_shape.values():
             for rows in row_counts:
-                if linear.skinny is not None and rows <= MAX_ROWS:
+                if linear.skinny is not None and rows <= linear.skinny.max_rows:
                     continue  # the engine's own loop takes these, not oneDNN
                 x = torch.zeros(rows, linear.in_features, dtype=linear.dtype)
                 prepacked_matmul(x, linear.packed, linear.bias)

@@ -17,6 +17,7 @@ from torch import nn
 from engine.model.kernels import native_build
 from engine.model.kernels.skinny import (
     MAX_ROWS,
+    MAX_ROWS_BY_PANEL,
     MAX_WEIGHT_BYTES,
     SkinnyLinear,
     skinny_linear_kernel,
@@ -73,7 +74,7 @@ def test_a_row_gets_the_same_bits_alone_in_any_batch_and_thread_count() -> None:
     gen = torch.Generator().manual_seed(5)
     weight = torch.randn(1536, 256, generator=gen)
     panels = _kernel().pack(weight)
-    x = torch.randn(MAX_ROWS, 256, generator=gen)
+    x = torch.randn(kernel.max_rows, 256, generator=gen)
     threads = torch.get_num_threads()
     try:
         torch.set_num_threads(1)
@@ -83,10 +84,10 @@ def test_a_row_gets_the_same_bits_alone_in_any_batch_and_thread_count() -> None:
     finally:
         torch.set_num_threads(threads)
     assert torch.equal(one, two)
-    for row in (0, 11, MAX_ROWS - 1):
+    for row in (0, 11, MAX_ROWS - 1, kernel.max_rows - 1):
         assert torch.equal(kernel.matmul(x[row : row + 1], panels, 1536, None)[0], two[row])
     # Rows that lie 512 floats apart (the first 256 columns of a wider tensor): the same bits.
-    wide = torch.zeros(MAX_ROWS, 512)
+    wide = torch.zeros(kernel.max_rows, 512)
     wide[:, :256] = x
     assert torch.equal(kernel.matmul(wide[:, :256], panels, 1536, None), two)
 
@@ -109,14 +110,20 @@ def test_prepacked_linear_sends_decode_sized_calls_to_the_kernel_up_to_its_bound
     through_kernel = PrepackedLinear(small, _kernel())
     onednn_only = PrepackedLinear(small)
     assert through_kernel.skinny is not None and onednn_only.skinny is None
+    bound = _kernel().max_rows
+    assert bound == MAX_ROWS_BY_PANEL[_kernel().panel] >= MAX_ROWS
     with torch.inference_mode():
-        for rows in (1, MAX_ROWS, MAX_ROWS + 1, 200):
+        for rows in (1, MAX_ROWS, MAX_ROWS + 1, bound, bound + 1, 200):
             x = torch.randn(rows, 256)
             expected = small(x)
             assert torch.allclose(through_kernel(x), expected, atol=1e-5)
             assert torch.allclose(onednn_only(x), expected, atol=1e-5)
-        # Past MAX_ROWS the call is oneDNN's: the same bits as the oneDNN-only layer.
-        x = torch.randn(MAX_ROWS + 1, 256)
+        # Up to the bound the call is the kernel's: a row's bits are its bits alone; past the
+        # bound it is oneDNN's: the same bits as the oneDNN-only layer.
+        x = torch.randn(bound, 256)
+        alone = _kernel().matmul(x[-1:], through_kernel.panels, 512, small.bias.detach())
+        assert torch.equal(through_kernel(x)[-1:], alone)
+        x = torch.randn(bound + 1, 256)
         assert torch.equal(through_kernel(x), onednn_only(x))
     streamed = PrepackedLinear(nn.Linear(768, 3072), _kernel())
     assert streamed.skinny is not None and streamed.panels is not None

@@ -35,7 +35,8 @@ from engine.model.transformer import MLP, DecoderLayer, LlamaModel
 __all__ = ["MAX_ROWS", "DecodeForward", "decode_forward_library"]
 
 _SOURCE = Path(__file__).with_name("decode_forward.c")
-# The C entry's limit (the skinny kernel's MAX_ROWS): larger decode batches go layer by layer.
+# The C entry's limit (its scratch buffers' rows; the skinny kernel's bound on every build): larger
+# decode batches go layer by layer.
 MAX_ROWS = 64
 
 _ptr = ctypes.c_void_p

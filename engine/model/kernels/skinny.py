@@ -12,7 +12,8 @@ vs oneDNN prepacked. `100m` (768 x 2304, 768 x 768, 768 x 6144, 3072 x 768; 37.7
 256 x 256, 256 x 1536, 768 x 256; 3.2 MB, cache-resident) rows 1/8/32/64: 0.085/0.087/0.209/
 0.376 vs 0.155/0.181/0.304/0.445. The loop before this one (each 16-wide panel read whole per
 block of 8 rows, no prefetch) was no faster than oneDNN on 100m (32 rows: 3.98 ms) and so was
-kept to weights of 2 MiB. Hence: rows up to MAX_ROWS and weights up to MAX_WEIGHT_BYTES.
+kept to weights of 2 MiB. Hence: rows up to a bound (MAX_ROWS_BY_PANEL, below) and weights up to
+MAX_WEIGHT_BYTES.
 
 NOTE: on a 2-vCPU AMD EPYC whose guest sees AVX2 and no AVX-512 (family 25 model 1), the
 16-float panels of the first version spilled their accumulators (a 16-float vector is two of
@@ -32,11 +33,27 @@ import torch
 
 from engine.model.kernels.native_build import load_kernel_or_none
 
-__all__ = ["MAX_ROWS", "MAX_WEIGHT_BYTES", "SkinnyLinear", "skinny_linear_kernel"]
+__all__ = [
+    "MAX_ROWS",
+    "MAX_ROWS_BY_PANEL",
+    "MAX_WEIGHT_BYTES",
+    "SkinnyLinear",
+    "skinny_linear_kernel",
+]
 
 _SOURCE = Path(__file__).with_name("skinny_linear.c")
-# Where the kernel beat oneDNN in the NOTE above: up to 64 rows, at every weight size measured.
-MAX_ROWS = 64
+# Rows up to which a call takes this kernel rather than oneDNN, by the build's panel width:
+# where it measured faster. AVX2 (8-float panels): up to 64, as measured on the AVX2 EPYC. AVX-512
+# (16): up to 128. On the 2-vCPU Zen 5 (torch 2.13, 2 threads, one process, interleaved, medians
+# of 9 over every layer's matrices) its time over oneDNN's at 64/80/96/112/128/160 rows was
+# 0.91/0.93/0.91/0.97/0.97/0.99 on 100m's 12 layers (streamed) and 0.84/0.88/0.92/0.92/0.94/0.96
+# on small's 4 (cache-resident); a mixed step of small (30 decodes + a 64-token chunk, 94 rows)
+# took 0.94x, 8 decodes + 64 0.88x, and 100m's 94-row step 0.96x. The Xeon's NOTE above has
+# oneDNN 3-4% ahead at 128 rows of 100m and the kernel 17% ahead at 64: its crossover is near 100,
+# so 128 costs it a little at the top of the range for much more below.
+MAX_ROWS_BY_PANEL = {16: 128, 8: 64}
+# The bound every build honours (the AVX2 build's); SkinnyLinear.max_rows is this build's own.
+MAX_ROWS = min(MAX_ROWS_BY_PANEL.values())
 # The packed copy sits beside oneDNN's (prefill-sized calls keep oneDNN), so a weight's memory
 # doubles: bounded here to keep an 8B-shaped model's matrices (235 MB each) out.
 MAX_WEIGHT_BYTES = 64 << 20
@@ -53,6 +70,7 @@ class SkinnyLinear:
         # this CPU's vector registers (16 with AVX-512, else 8).
         library.mixgate_skinny_panel.restype = ctypes.c_int
         self.panel = int(library.mixgate_skinny_panel())
+        self.max_rows = MAX_ROWS_BY_PANEL.get(self.panel, MAX_ROWS)
 
     @property
     def entry_address(self) -> int:
