@@ -66,3 +66,27 @@ def engine_child(server_pid: int, timeout_s: float = 10.0) -> int:
                 return pid
         time.sleep(0.02)
     raise AssertionError(f"no engine core child of {server_pid}")
+
+
+def stacks_of(pid: int) -> str:
+    """Every thread's Python stack in a live process and its children (py-spy, without
+    pausing them), for a test that found a process still running when it should have ended:
+    where it waits is what a report of that needs, and the process is gone by the rerun."""
+    import shutil
+    import subprocess
+    import sys
+
+    spy = shutil.which("py-spy") or str(Path(sys.executable).with_name("py-spy"))
+    reports = []
+    for target in [pid, *children(pid)]:
+        try:
+            done = subprocess.run(
+                [spy, "dump", "--nonblocking", "--pid", str(target)],
+                capture_output=True, text=True, timeout=30, check=False,
+            )  # fmt: skip
+            reports.append(
+                f"--- pid {target} ({cmdline(target)[:120]})\n{done.stdout}{done.stderr}"
+            )
+        except (OSError, subprocess.SubprocessError) as error:
+            reports.append(f"--- pid {target}: py-spy failed: {error}")
+    return "\n".join(reports)

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import signal
+import subprocess
 import time
 import uuid
 from collections.abc import Iterator
@@ -14,7 +15,13 @@ from pathlib import Path
 import pytest
 
 from bench.live.processes import ServerProcess
-from tests.child_processes import children, engine_child, processes_matching, wait_gone
+from tests.child_processes import (
+    children,
+    engine_child,
+    processes_matching,
+    stacks_of,
+    wait_gone,
+)
 from tests.replica_cluster import SseReader, model_name, submit_jobs
 
 pytestmark = [pytest.mark.redis, pytest.mark.slow]
@@ -107,7 +114,14 @@ def test_sigterm_of_a_busy_server_drains_within_its_drain_time(
     assert reader.first_token.wait(60) and reader.failure is None, reader.errors
     started_s = time.monotonic()
     server.process.send_signal(signal.SIGTERM)
-    code = server.process.wait(60)
+    try:
+        code = server.process.wait(60)
+    except subprocess.TimeoutExpired:
+        # Seen once, in a CI run under xdist (still running 60 s after the signal): say where
+        # each thread waits, then kill it (its engine child follows it).
+        stacks, logs = stacks_of(server.process.pid), server.logs()
+        server.kill()
+        pytest.fail(f"no exit 60 s after SIGTERM\n{stacks}\n{logs}")
     exit_s = time.monotonic() - started_s
     assert code == 0, server.logs()
     # NOTE: before the drain began at the signal, uvicorn first waited for the open stream
