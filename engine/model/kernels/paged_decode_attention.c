@@ -157,6 +157,17 @@ int mixgate_paged_decode_attention_##SUFFIX(const float *q, const KV_T *k_cache,
     const int64_t split = rows >= 2 * (int64_t)num_threads ? 1 : kv_heads;                               \
     const int64_t per_task = kv_heads / split;                                                           \
     int failed = 0;                                                                                      \
+    /* Rows longest context first: handed out in that order, no thread is left with a long row at   \
+     * the end while the other idles (30 rows of 100-1,500 tokens, `small`: 0.94-0.95x the time;    \
+     * even rows unchanged). An insertion sort: a decode batch is tens of rows. */                   \
+    int64_t *longest_first = (int64_t *)malloc(sizeof(int64_t) * rows);                                  \
+    if (longest_first == NULL) return -1;                                                                \
+    for (int64_t r = 0; r < rows; ++r) {                                                                 \
+        int64_t i = r;                                                                                   \
+        for (; i > 0 && context_lens[longest_first[i - 1]] < context_lens[r]; --i)                       \
+            longest_first[i] = longest_first[i - 1];                                                     \
+        longest_first[i] = r;                                                                            \
+    }                                                                                                    \
 _Pragma("omp parallel num_threads(num_threads)")                                                         \
     {                                                                                                    \
         float *scores = (float *)malloc(sizeof(float) * heads * longest);                                \
@@ -165,8 +176,9 @@ _Pragma("omp atomic write")                                                     
             failed = 1;                                                                                  \
         }                                                                                                \
 _Pragma("omp for collapse(2) schedule(dynamic, 1)")                                                      \
-        for (int64_t r = 0; r < rows; ++r) {                                                             \
+        for (int64_t nth = 0; nth < rows; ++nth) {                                                       \
             for (int64_t part = 0; part < split; ++part) {                                               \
+                const int64_t r = longest_first[nth];                                                    \
                 if (scores == NULL) continue;                                                            \
                 const int64_t offset = (r * heads + part * per_task * group) * head_dim;                 \
                 attend_row_heads_##SUFFIX(q + offset, k_cache, v_cache, block_tables + r * table_stride, \
@@ -176,6 +188,7 @@ _Pragma("omp for collapse(2) schedule(dynamic, 1)")                             
         }                                                                                                \
         free(scores);                                                                                    \
     }                                                                                                    \
+    free(longest_first);                                                                                 \
     return failed ? -1 : 0;                                                                              \
 }                                                                                                        \
 
