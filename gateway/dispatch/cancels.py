@@ -16,6 +16,7 @@ from redis.asyncio.client import PubSub
 from gateway.dispatch.retry import TRANSIENT_ERRORS, Backoff
 from gateway.queue import Keys
 from gateway.queue.redis_text import redis_text
+from gateway.runtime.bounded_cancel import cancel_and_wait
 
 log = structlog.get_logger("mixgate.dispatcher")
 
@@ -69,8 +70,8 @@ class CancelListener:
 
     async def stop(self) -> None:
         if self._task is not None:
-            self._task.cancel()
-            await asyncio.gather(self._task, return_exceptions=True)
+            # Bounded: a pubsub read that swallows its cancel must not hold the shutdown.
+            await cancel_and_wait([self._task])
             self._task = None
         if self._pubsub is not None:
             await self._pubsub.aclose()  # type: ignore[no-untyped-call, unused-ignore]

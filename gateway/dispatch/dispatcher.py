@@ -45,6 +45,7 @@ from gateway.dispatch.retry import Backoff
 from gateway.dispatch.token_stream import TokenStreams
 from gateway.dispatch.waits import ClaimWaits
 from gateway.queue import AdmitResult, AdmitStatus, ClaimedJob, NewJob, QueueStore, ReclaimResult
+from gateway.runtime.bounded_cancel import cancel_and_wait
 from policies.request_class import RequestClass
 
 __all__ = ["DispatchEvent", "DispatchEventKind", "Dispatcher", "DispatcherConfig", "DrainResult"]
@@ -351,8 +352,8 @@ class Dispatcher:
         for task in stuck:
             # Still writing its result (Redis down?): its lease lapses and reclaim retries it.
             log.warning("job_task_cancelled_at_stop", job_id=task.get_name())
-            task.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
+        # Bounded: a task that swallows its cancel must not hold the shutdown (bounded_cancel).
+        await cancel_and_wait(tasks)
 
     # -- cancellation ------------------------------------------------------------------------
 
@@ -390,9 +391,7 @@ class Dispatcher:
         ]
 
     async def _stop_side_loops(self) -> None:
-        for task in self._periodic:
-            task.cancel()
-        await asyncio.gather(*self._periodic, return_exceptions=True)
+        await cancel_and_wait(self._periodic)
         self._periodic = []
         await self._cancels.stop()
 

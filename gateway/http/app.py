@@ -39,6 +39,7 @@ from gateway.http.metrics import Metrics, engine_step_records
 from gateway.http.state import GatewayState
 from gateway.queue import Keys, QueueStore
 from gateway.runtime import redis_health
+from gateway.runtime.bounded_cancel import cancel_and_wait
 from gateway.runtime.embedded_redis import EmbeddedRedis
 from gateway.runtime.engine_setup import engine_config, resolve_model_dir, start_engine
 from gateway.runtime.settings import Settings
@@ -178,24 +179,6 @@ def create_app(settings: Settings, *, redis_client: aioredis.Redis | None = None
     app.state.gw = state
     app.state.console = console
     return app
-
-
-async def cancel_and_wait(
-    tasks: list[asyncio.Task[Any]], rounds: int = 3, grace_s: float = 1.0
-) -> None:
-    """Cancel background tasks and wait for them, bounded: a task that swallowed its cancel
-    (a library that turns CancelledError into its own error, caught by a retry loop) is
-    cancelled again, and after `rounds` it is left behind rather than hang the shutdown."""
-    pending = {t for t in tasks if not t.done()}
-    for _ in range(rounds):
-        if not pending:
-            break
-        for task in pending:
-            task.cancel()
-        _, pending = await asyncio.wait(pending, timeout=grace_s)
-    for task in pending:
-        log.warning("background_task_ignored_cancel", task=task.get_name())
-    await asyncio.gather(*(t for t in tasks if t.done()), return_exceptions=True)
 
 
 def begin_drain(state: GatewayState) -> asyncio.Task[None]:
