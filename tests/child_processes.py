@@ -1,7 +1,11 @@
-"""Reading the process table (/proc) in tests: a server's children, and whether a pid lives."""
+"""Reading the process table (/proc) in tests: a server's children, whether a pid lives, and
+where a live one waits (py-spy)."""
 
 from __future__ import annotations
 
+import shutil
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -72,10 +76,6 @@ def stacks_of(pid: int) -> str:
     """Every thread's Python stack in a live process and its children (py-spy, without
     pausing them), for a test that found a process still running when it should have ended:
     where it waits is what a report of that needs, and the process is gone by the rerun."""
-    import shutil
-    import subprocess
-    import sys
-
     spy = shutil.which("py-spy") or str(Path(sys.executable).with_name("py-spy"))
     reports = []
     for target in [pid, *children(pid)]:
