@@ -162,15 +162,15 @@ def _add_bench(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
         "--small-linears",
         choices=("kernel", "onednn"),
         default="kernel",
-        help="decode-sized calls (<= 64 rows, weights <= 64 MiB): the engine's C loop (its "
-        "default where it builds), or oneDNN for every call",
+        help="decode-sized calls (<= 128 rows with AVX-512, 64 with AVX2; weights <= 64 MiB): "
+        "the engine's C loop (its default where it builds), or oneDNN for every call",
     )
     engine.add_argument(
-        "--decode-forward",
+        "--step-forward",
         choices=("fused", "layers"),
         default="fused",
-        help="pure-decode steps on CPU (fp32, the C kernels above): every layer in one C call "
-        "(the engine's default where it runs), or layer by layer from Python",
+        help="steps of up to 128 rows on CPU (fp32, the C kernels above): every layer in one C "
+        "call (the engine's default where it runs), or layer by layer from Python",
     )
     engine.add_argument("--json", default=None, help="write results here")
     engine.add_argument(

@@ -49,8 +49,8 @@ class BenchConfig:
     fused_elementwise_kernels: bool = True
     # EngineConfig.small_linear_kernel: False times oneDNN for every linear call.
     small_linear_kernel: bool = True
-    # EngineConfig.fused_decode_forward: False times the layer-by-layer decode forward.
-    fused_decode_forward: bool = True
+    # EngineConfig.fused_step_forward: False times the layer-by-layer forward.
+    fused_step_forward: bool = True
     # EngineConfig.decode_graphs: "off" times the eager forward on CUDA too.
     decode_graphs: str = "auto"
 
@@ -80,7 +80,7 @@ class BenchConfig:
             fused_elementwise_kernels=getattr(args, "elementwise", "fused") == "fused",
             small_linear_kernel=getattr(args, "small_linears", "kernel") == "kernel",
             decode_graphs=getattr(args, "decode_graphs", "auto"),
-            fused_decode_forward=getattr(args, "decode_forward", "fused") == "fused",
+            fused_step_forward=getattr(args, "step_forward", "fused") == "fused",
         )
 
     def all_batch_sizes(self) -> list[int]:
@@ -120,7 +120,7 @@ def make_engine(config: BenchConfig, max_active_seqs: int, num_kv_blocks: int) -
             fused_elementwise_kernels=config.fused_elementwise_kernels,
             small_linear_kernel=config.small_linear_kernel,
             decode_graphs=config.decode_graphs,
-            fused_decode_forward=config.fused_decode_forward,
+            fused_step_forward=config.fused_step_forward,
             # Without it a step that opens a fresh block page-faults inside the timed write of
             # its K/V (index_copy_ took 3.0 ms of a 25 ms B=8 step on 100m in step-profile).
             prewarm=True,

@@ -11,7 +11,10 @@ the torch profiler's split of the mixed step: input building, attention metadata
 write + gather, SDPA, the paged decode and prefill kernels, linears, and the rest.
 `--decode-attention both` times every step with the paged decode kernel and with gather + SDPA,
 interleaved, in one process (the kernel's before/after on the same cache); the chunk takes the
-engine's prefill path in both.
+engine's prefill path in both. `--forward both` times every step through the one-call C forward
+(engine/model/kernels/step_forward.py) and through the layers, interleaved likewise. Gather +
+SDPA and the profile's split run the layers (the C forward calls the C kernels only, and the
+profiler cannot see inside it).
 """
 
 from __future__ import annotations
@@ -36,6 +39,7 @@ from engine.core.scheduler_output import SchedulerOutput
 from engine.model import attention
 from engine.model import runner as model_runner
 from engine.model.attention import DecodeKernel
+from engine.model.kernels.step_forward import StepForward
 from engine.model.prepacked_linear import PrepackedLinear
 from engine.model.runner import ModelRunner
 from engine.model.weights import DTYPES, load_model
@@ -77,44 +81,61 @@ def mixed_step_rows(
     rounds: int,
     repeats: int,
     decode_attention: str = "engine",
+    forward: str = "engine",
 ) -> list[dict[str, Any]]:
     """Per step shape: the median over rounds of its mean over `repeats` back-to-back runs.
 
     NOTE: the shapes alternate inside each round (A, B, C, A, B, C, ...), so a burst of load
     from another process spoils one sample of each, not every sample of one. With
     `decode_attention="both"` each shape runs twice per round, with the runner's paged decode
-    kernel and without it (gather + SDPA).
+    kernel and without it (gather + SDPA); with `forward="both"`, through the one-call C forward
+    and through the layers.
     """
-    kernel = runner.decode_kernel
-    variants: dict[str, list[DecodeKernel | None]] = {
+    kernel, fused = runner.decode_kernel, runner.step_forward
+    if decode_attention in ("kernel", "both") and kernel is None:
+        raise SystemExit("the paged decode kernel is not available here (see the log above)")
+    if forward in ("fused", "both") and fused is None:
+        raise SystemExit("the one-call C forward does not run here (see the log above)")
+    attentions: dict[str, list[DecodeKernel | None]] = {
         "engine": [kernel],
         "kernel": [kernel],
         "sdpa": [None],
         "both": [kernel, None],
     }
-    if decode_attention in ("kernel", "both") and kernel is None:
-        raise SystemExit("the paged decode kernel is not available here (see the log above)")
+    forwards: dict[str, list[StepForward | None]] = {
+        "engine": [fused],
+        "fused": [fused],
+        "layers": [None],
+        "both": [fused, None],
+    }
+    # (decode kernel, C forward): gather + SDPA runs in the layers only.
+    variants = [
+        (attend, step_forward if attend is not None else None)
+        for attend in attentions[decode_attention]
+        for step_forward in forwards[forward]
+    ]
     runs = [
         (name, shape, variant, build_mixed_step(runner, shape))
         for name, shape in shapes.items()
-        for variant in variants[decode_attention]
+        for variant in dict.fromkeys(variants)
     ]
     samples: list[list[float]] = [[] for _ in runs]
     for _, _, variant, step in runs:  # warm-up: first touches of the cache and the buffers
-        runner.decode_kernel = variant
+        runner.decode_kernel, runner.step_forward = variant
         runner.execute(step)
     for _ in range(rounds):
         for index, (_, _, variant, step) in enumerate(runs):
-            runner.decode_kernel = variant
+            runner.decode_kernel, runner.step_forward = variant
             samples[index].append(_time_step(runner, step, repeats))
-    runner.decode_kernel = kernel
+    runner.decode_kernel, runner.step_forward = kernel, fused
     rows = []
-    for (name, shape, variant, _), times in zip(runs, samples, strict=True):
+    for (name, shape, (attend, step_forward), _), times in zip(runs, samples, strict=True):
         step_s = statistics.median(times)
         rows.append(
             {
                 "step": name,
-                "decode_attention": "paged-kernel" if variant is not None else "gather-sdpa",
+                "decode_attention": "paged-kernel" if attend is not None else "gather-sdpa",
+                "forward": "c" if step_forward is not None else "layers",
                 "shape": dataclasses.asdict(shape),
                 "label": shape.label,
                 "step_ms": step_s * 1e3,
@@ -147,7 +168,16 @@ def _ranged(label: str) -> Callable[[Any], Any]:
 
 
 def profile_shares(runner: ModelRunner, step: SchedulerOutput, steps: int) -> dict[str, float]:
-    """Milliseconds per step in each part of `step`, from profiler ranges around each part."""
+    """Milliseconds per step in each part of `step`, from profiler ranges around each part, run
+    through the layers (the profiler cannot see inside the one-call C forward)."""
+    fused, runner.step_forward = runner.step_forward, None
+    try:
+        return _profile_shares(runner, step, steps)
+    finally:
+        runner.step_forward = fused
+
+
+def _profile_shares(runner: ModelRunner, step: SchedulerOutput, steps: int) -> dict[str, float]:
     runner.execute(step)
     linears = [
         m for m in runner.model.modules() if isinstance(m, (torch.nn.Linear, PrepackedLinear))
@@ -217,7 +247,9 @@ def run_mixed_step_bench(args: argparse.Namespace) -> int:
         model_runner.DECODE_GROUP_BYTES = (args.decode_group_kb << 10) or None
     shapes = _shapes(args)
     runner = _runner(args, shapes)
-    rows = mixed_step_rows(runner, shapes, args.rounds, args.repeats, args.decode_attention)
+    rows = mixed_step_rows(
+        runner, shapes, args.rounds, args.repeats, args.decode_attention, args.forward
+    )
     result: dict[str, Any] = {
         "model": str(args.model),
         "dtype": args.dtype,
@@ -225,13 +257,17 @@ def run_mixed_step_bench(args: argparse.Namespace) -> int:
         "torch": torch.__version__,
         "prepacked_linears": runner.prepacked,
         "decode_attention": args.decode_attention,
+        "forward": args.forward,
         "upcast_cpu_decode": attention.UPCAST_CPU_DECODE,
         "decode_group_bytes": model_runner.DECODE_GROUP_BYTES,
         "rows": rows,
     }
     for row in rows:
-        attention_used = row["decode_attention"]
-        print(f"{row['step']:<13} {attention_used:<12} {row['label']:<48} {row['step_ms']:8.2f} ms")
+        attention_used, forward_used = row["decode_attention"], row["forward"]
+        print(
+            f"{row['step']:<13} {attention_used:<12} {forward_used:<6} {row['label']:<48}"
+            f" {row['step_ms']:8.2f} ms"
+        )
     if args.profile:
         shares = profile_shares(runner, build_mixed_step(runner, shapes["mixed"]), args.repeats)
         result["profile_ms"] = shares
@@ -239,7 +275,10 @@ def run_mixed_step_bench(args: argparse.Namespace) -> int:
         for part, ms in shares.items():
             print(f"  {part:<52} {ms:7.2f} ms {100 * ms / wall:5.1f}%")
         plain_ms = next(row["step_ms"] for row in rows if row["step"] == "mixed")
-        print(f"  (the rest holds the profiler's own cost per op; unprofiled: {plain_ms:.2f} ms)")
+        print(
+            "  (the layers' split; the rest holds the profiler's own cost per op; unprofiled,"
+            f" {rows[0]['forward']}: {plain_ms:.2f} ms)"
+        )
     result["load_average_1min"] = {"start": load_at_start, "end": os.getloadavg()[0]}
     if args.json:
         Path(args.json).write_text(json.dumps(result, indent=2) + "\n")
@@ -275,7 +314,18 @@ def build_parser() -> argparse.ArgumentParser:
             " (the chunk takes the engine's prefill path in every variant)"
         ),
     )
-    parser.add_argument("--profile", action="store_true", help="split the mixed step by part")
+    parser.add_argument(
+        "--forward",
+        choices=("engine", "fused", "layers", "both"),
+        default="engine",
+        help=(
+            "the forward: the engine's choice, the one-call C forward, the layers from Python, or"
+            " both (gather + SDPA runs in the layers whatever this says)"
+        ),
+    )
+    parser.add_argument(
+        "--profile", action="store_true", help="split the mixed step by part (in the layers)"
+    )
     parser.add_argument("--json", default=None, help="write results here")
     return parser
 

@@ -39,8 +39,8 @@ def model_info(config: BenchConfig, engine: LLMEngine, shape: ModelShape) -> dic
         # Which elementwise ops ran (EngineConfig.fused_elementwise_kernels).
         "elementwise": _elementwise(engine),
         # Whether pure-decode steps ran every layer in one C call (EngineConfig.
-        # fused_decode_forward).
-        "decode_forward": "c" if engine.runner.decode_forward is not None else "layers",
+        # fused_step_forward).
+        "step_forward": "c" if engine.runner.step_forward is not None else "layers",
         # Whether pure-decode steps replayed CUDA graphs (EngineConfig.decode_graphs).
         "decode_graphs": decode_graph_info(engine),
     }

@@ -57,19 +57,20 @@ class EngineConfig:
     # for a prefill chunk's SiLU * up); False, or no C compiler, keeps eager torch.
     fused_elementwise_kernels: bool = True
     # CPU, fp32, with prepack_linears: weights of <= 64 MiB also through the engine's own C loop
-    # for calls of <= 64 rows (engine/model/kernels/skinny.py: 0.56-0.85x oneDNN's time there,
-    # from its fixed cost per call on small weights, from streaming on large ones); False keeps
-    # oneDNN for every call. (The name is from when it took small weights only.)
+    # for calls of <= 128 rows with AVX-512, 64 with AVX2 (engine/model/kernels/skinny.py:
+    # faster than oneDNN there, from its fixed cost per call on small weights, from streaming on
+    # large ones); False keeps oneDNN for every call. (The name is from when it took small weights only.)
     small_linear_kernel: bool = True
     # Pure-decode steps through padded static shapes replayed as CUDA graphs
     # (engine/model/decode_graphs.py): "auto" (on CUDA; the eager forward's launches left an
     # H200 idle most of an 8B decode step), "off", or "eager" (the padded path without graphs,
     # on any device: tests).
     decode_graphs: str = "auto"
-    # CPU, fp32, where the C kernels above all run: a pure-decode step's whole forward in one C
-    # call (engine/model/kernels/decode_forward.py), the same kernels in the same order without
-    # the Python between them; False keeps the layer-by-layer forward.
-    fused_decode_forward: bool = True
+    # CPU, fp32, where the C kernels above all run: a step's whole forward (decodes and prefill
+    # chunks, up to the skinny kernel's rows) in one C call (engine/model/kernels/
+    # step_forward.py), the same kernels in the same order without the Python between them;
+    # False keeps the layer-by-layer forward.
+    fused_step_forward: bool = True
     # CPU: a fresh engine's steps as fast as its later ones. The KV cache's pages are committed
     # ahead of use on a background thread (engine/model/kv_cache_memory.py: first touch of
     # fresh huge pages doubled a prefill step), and oneDNN's primitive for every weight shape

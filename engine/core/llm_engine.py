@@ -67,7 +67,7 @@ class LLMEngine:
             fused_elementwise=self.config.fused_elementwise_kernels,
             small_linear_kernel=self.config.small_linear_kernel,
             decode_graphs=self.config.decode_graphs,
-            fused_decode_forward=self.config.fused_decode_forward,
+            fused_step_forward=self.config.fused_step_forward,
             populate_kv_cache=self.config.prewarm,
         )
         if self.config.prewarm and runner.prepacked:

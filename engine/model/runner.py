@@ -19,8 +19,6 @@ from engine.model.attention import (
 from engine.model.config import ModelConfig
 from engine.model.decode_graphs import DecodeGraphs
 from engine.model.heap_reuse import keep_large_frees_for_reuse
-from engine.model.kernels.decode_forward import MAX_ROWS as DECODE_FORWARD_MAX_ROWS
-from engine.model.kernels.decode_forward import DecodeForward
 from engine.model.kernels.elementwise import ElementwiseKernels
 from engine.model.kernels.fused_elementwise_triton import triton_fused_elementwise
 from engine.model.kernels.fused_ops import fused_elementwise_kernel
@@ -28,6 +26,7 @@ from engine.model.kernels.paged_decode import PagedDecodeKernel, paged_decode_ke
 from engine.model.kernels.paged_decode_triton import TritonPagedDecode, triton_paged_decode
 from engine.model.kernels.paged_prefill import PagedPrefillKernel, paged_prefill_kernel
 from engine.model.kernels.skinny import skinny_linear_kernel
+from engine.model.kernels.step_forward import StepForward
 from engine.model.kv_cache_memory import populate_in_background, zeroed_kv_cache
 from engine.model.prepacked_linear import (
     move_panels_into_huge_pages,
@@ -68,7 +67,7 @@ class ModelRunner:
         fused_elementwise: bool = True,
         small_linear_kernel: bool = True,
         decode_graphs: str = "auto",
-        fused_decode_forward: bool = True,
+        fused_step_forward: bool = True,
         populate_kv_cache: bool = False,
     ):
         config = model.config
@@ -139,18 +138,20 @@ class ModelRunner:
                 decode_kernel=self.decode_kernel,
             )
         )
-        # Pure-decode steps' whole forward in one C call where the layers run on the C kernels
-        # (engine/model/kernels/decode_forward.py: the per-layer Python between them was most
-        # of a decode step's fixed cost); `fused_decode_forward=False` keeps the layers.
-        self.decode_forward = (
-            DecodeForward.for_model(
+        # A step's whole forward in one C call where the layers run on the C kernels, decodes
+        # and prefill chunks alike (engine/model/kernels/step_forward.py: the per-layer Python
+        # between them was most of a decode step's fixed cost, and 8-18% of a `small` mixed
+        # step's); `fused_step_forward=False` keeps the layers.
+        self.step_forward = (
+            StepForward.for_model(
                 model,
                 self.kv_cache,
                 self.skinny_linear,
                 self.decode_kernel,
                 self.fused_elementwise,
+                self.prefill_kernel,
             )
-            if fused_decode_forward and self.decode_graphs is None
+            if fused_step_forward and self.decode_graphs is None
             else None
         )
 
@@ -180,18 +181,13 @@ class ModelRunner:
             )
             if all_logits is not None:
                 return self._sample(inputs, _sampling_rows(inputs, all_logits))
+        forward = self.step_forward
         if (
-            self.decode_forward is not None
-            and inputs.all_single
-            and len(chunks) <= DECODE_FORWARD_MAX_ROWS
+            forward is not None
+            and (inputs.all_single or forward.takes_prefill)
+            and inputs.input_ids.shape[0] <= forward.max_rows
         ):
-            hidden = self.decode_forward.hidden(
-                inputs.input_ids,
-                inputs.positions,
-                inputs.slot_mapping,
-                self._table_rows(inputs.rows, -(-chunks[-1].end_pos // self.block_size)),
-                inputs.context_lens,
-            )
+            hidden = self._fused_hidden(forward, chunks, inputs)
             if hidden is not None:
                 return self._sample_hidden(inputs, hidden)
         meta = self._metadata(chunks, inputs)
@@ -200,6 +196,30 @@ class ModelRunner:
         )
         hidden = self.model(inputs.input_ids, inputs.positions, attention)
         return self._sample_hidden(inputs, hidden)
+
+    def _fused_hidden(
+        self, forward: StepForward, chunks: list[ScheduledChunk], inputs: StepInputs
+    ) -> torch.Tensor | None:
+        """The step's final hidden states from the one-call C forward, or None where it refuses.
+        Single-token chunks (sorted first) go to its decode attention, the rest to its prefill
+        attention, as `_metadata` splits them for the layers."""
+        singles = len(chunks) if inputs.all_single else sum(c.num_tokens == 1 for c in chunks)
+        width_blocks = -(-chunks[singles - 1].end_pos // self.block_size) if singles else 1
+        tables = self._table_rows(inputs.rows[:singles], width_blocks)
+        spans = span_tables = None
+        if singles < len(chunks):
+            prefills = chunks[singles:]
+            spans = torch.tensor([[c.num_tokens, c.start_pos] for c in prefills], dtype=torch.long)
+            span_tables = self._table_rows(inputs.rows[singles:])
+        return forward.hidden(
+            inputs.input_ids,
+            inputs.positions,
+            inputs.slot_mapping,
+            tables,
+            inputs.context_lens[:singles],
+            spans,
+            span_tables,
+        )
 
     def _table_rows(self, rows: torch.Tensor, width_blocks: int | None = None) -> torch.Tensor:
         """The block-table rows of a step's decodes (`rows`, the step's row ids in chunk

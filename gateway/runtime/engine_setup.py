@@ -65,7 +65,7 @@ def engine_config(envelope: Envelope, settings: Settings) -> EngineConfig:
         paged_attention_kernel=settings.paged_attention_kernel,
         fused_elementwise_kernels=settings.fused_elementwise_kernels,
         small_linear_kernel=settings.small_linear_kernel,
-        fused_decode_forward=settings.fused_decode_forward,
+        fused_step_forward=settings.fused_step_forward,
         decode_graphs=settings.decode_graphs,
         prewarm=settings.prewarm,
     )

@@ -81,9 +81,10 @@ class Settings:
     # Decode-sized calls of small fp32 weights through the native engine's own C loop instead of
     # oneDNN (CPU); false keeps oneDNN.
     small_linear_kernel: bool = True
-    # The native engine's pure-decode steps on CPU (fp32, the C kernels above) as one C call for
-    # every layer instead of one Python call per layer and kernel; false keeps the layers.
-    fused_decode_forward: bool = True
+    # The native engine's steps of up to 128 rows on CPU (fp32, the C kernels above), decodes and
+    # prefill chunks, as one C call for every layer instead of one Python call per layer and
+    # kernel; false keeps the layers.
+    fused_step_forward: bool = True
     # The native engine's core process runs a step on fewer threads while other work (this
     # gateway, tokenizers, clients on the same machine) holds its cores (EngineConfig.
     # adapt_threads); false keeps num_threads for every step.
@@ -197,7 +198,7 @@ _BOOLS = {
     "paged_attention_kernel",
     "fused_elementwise_kernels",
     "small_linear_kernel",
-    "fused_decode_forward",
+    "fused_step_forward",
     "adapt_threads",
     "prewarm",
 }

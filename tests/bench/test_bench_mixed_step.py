@@ -44,6 +44,24 @@ def test_mixed_step_bench_times_each_part_and_splits_the_mixed_step(
     assert shares["attention: K/V gather"] == 0
 
 
+def test_mixed_step_bench_times_the_c_forward_and_the_layers_side_by_side(
+    tiny_model_dir: Path, tmp_path: Path
+) -> None:
+    out = tmp_path / "mixed.json"
+    args = build_parser().parse_args(
+        [
+            "--model", str(tiny_model_dir), "--threads", "1", "--decodes", "5",
+            "--context-range", "10,70", "--chunk-tokens", "24", "--chunk-start", "40",
+            "--rounds", "2", "--repeats", "1", "--forward", "both", "--json", str(out),
+        ]
+    )  # fmt: skip
+    assert run_mixed_step_bench(args) == 0
+    rows = json.loads(out.read_text())["rows"]
+    timed = {(row["step"], row["forward"]) for row in rows if row["step_ms"] > 0}
+    steps = ("mixed", "decodes only", "chunk only")
+    assert timed == {(step, forward) for step in steps for forward in ("c", "layers")}
+
+
 @pytest.mark.parametrize(
     ("argv", "labels", "budget"),
     [

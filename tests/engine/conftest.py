@@ -7,18 +7,18 @@ from pathlib import Path
 
 import pytest
 
-from engine.model.kernels.decode_forward import decode_forward_library
 from engine.model.kernels.fused_ops import fused_elementwise_kernel
 from engine.model.kernels.paged_decode import paged_decode_kernel
 from engine.model.kernels.paged_prefill import paged_prefill_kernel
 from engine.model.kernels.skinny import skinny_linear_kernel
+from engine.model.kernels.step_forward import step_forward_library
 
 _KERNELS = (
     paged_decode_kernel,
     paged_prefill_kernel,
     fused_elementwise_kernel,
     skinny_linear_kernel,
-    decode_forward_library,
+    step_forward_library,
 )
 
 

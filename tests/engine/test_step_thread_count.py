@@ -1,7 +1,7 @@
 """A step's results do not depend on how many threads it runs on: the engine core's thread
 governor (engine/process/thread_governor.py) changes the count between steps, so every step
 of a run must give the same bits at 1 thread as at 2, prefill, decode and mixed steps alike,
-through the C decode forward and through the layers."""
+through the C step forward and through the layers."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ import torch
 
 from engine.core.config import EngineConfig
 from engine.core.llm_engine import LLMEngine
-from tests.engine.test_decode_forward import _hidden_states_by_step
+from tests.engine.test_step_forward import _hidden_states_by_step
 
 
 @pytest.fixture
@@ -33,7 +33,7 @@ def _hidden_states(model_dir: Path, threads_of_step: list[int], fused: bool) -> 
         block_size_tokens=4,
         device="cpu",
         num_threads=2,
-        fused_decode_forward=fused,
+        fused_step_forward=fused,
     )
 
     def set_threads(step: int) -> None:

@@ -49,19 +49,19 @@ def test_the_kernel_switches_reach_the_engine_config() -> None:
         {
             "MIXGATE_PAGED_ATTENTION_KERNEL": "false",
             "MIXGATE_FUSED_ELEMENTWISE_KERNELS": "0",
-            "MIXGATE_FUSED_DECODE_FORWARD": "off",
+            "MIXGATE_FUSED_STEP_FORWARD": "off",
         }
     )
     assert engine_config(Envelope.default(), off).paged_attention_kernel is False
     assert engine_config(Envelope.default(), off).fused_elementwise_kernels is False
-    assert engine_config(Envelope.default(), off).fused_decode_forward is False
+    assert engine_config(Envelope.default(), off).fused_step_forward is False
     on = engine_config(Envelope.default(), Settings())
     assert on.decode_graphs == "auto"
     graphs_off = Settings.from_env({"MIXGATE_DECODE_GRAPHS": "off"})
     assert engine_config(Envelope.default(), graphs_off).decode_graphs == "off"
     assert on.paged_attention_kernel is True
     assert on.fused_elementwise_kernels is True
-    assert on.fused_decode_forward is True
+    assert on.fused_step_forward is True
 
 
 def test_a_served_engine_prewarms_and_a_bare_engine_config_does_not() -> None:

@@ -44,7 +44,7 @@ class FusedElementwise:
 
     def entry_addresses(self) -> tuple[int, int, int]:
         """The C entry points' addresses (norm, SiLU * up, rotary) for
-        engine/model/kernels/decode_forward.c, which calls the same functions."""
+        engine/model/kernels/step_forward.c, which calls the same functions."""
         norm, silu_mul, rotary = (
             ctypes.cast(fn, ctypes.c_void_p).value
             for fn in (self._norm, self._silu_mul, self._rotary)

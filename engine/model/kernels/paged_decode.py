@@ -46,7 +46,7 @@ class PagedDecodeKernel:
 
     def entry_address(self, dtype: torch.dtype) -> int | None:
         """The C entry point's address for a `dtype` cache (engine/model/kernels/
-        decode_forward.c calls it), or None where there is none."""
+        step_forward.c calls it), or None where there is none."""
         fn = self._fns.get(dtype)
         return None if fn is None else ctypes.cast(fn, ctypes.c_void_p).value
 

@@ -37,6 +37,13 @@ class PagedPrefillKernel:
         fn.restype = ctypes.c_int
         self._fn = fn
 
+    @property
+    def entry_address(self) -> int:
+        """The C entry point's address (engine/model/kernels/step_forward.c calls it)."""
+        address = ctypes.cast(self._fn, ctypes.c_void_p).value
+        assert address is not None
+        return address
+
     @staticmethod
     def supports(heads: int, kv_heads: int, head_dim: int) -> bool:
         return (

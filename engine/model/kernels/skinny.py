@@ -74,7 +74,7 @@ class SkinnyLinear:
 
     @property
     def entry_address(self) -> int:
-        """The C entry point's address (engine/model/kernels/decode_forward.c calls it)."""
+        """The C entry point's address (engine/model/kernels/step_forward.c calls it)."""
         address = ctypes.cast(self._fn, ctypes.c_void_p).value
         assert address is not None
         return address

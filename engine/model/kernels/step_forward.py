@@ -1,10 +1,11 @@
-"""The binding of decode_forward.c: a pure-decode step's forward, all layers, in one C call.
+"""The binding of step_forward.c: a step's forward, all layers, in one C call.
 
-`DecodeForward.for_model` returns one for a model it can run (CPU, fp32, dense Llama layers,
+`StepForward.for_model` returns one for a model it can run (CPU, fp32, dense Llama layers,
 every linear packed for the skinny kernel, the C paged-attention and elementwise kernels in use),
 else None; the runner then keeps the layer-by-layer forward. `hidden` returns the final norm's
-output for a decode step of up to `MAX_ROWS` rows, the same bits as `LlamaModel.forward` gives
-(the C side calls the very kernel functions the layers call); the caller computes the logits.
+output for a step of up to `max_rows` rows (decodes, and prefill chunks where the layers attend
+them with the C prefill kernel), the same bits as `LlamaModel.forward` gives (the C side calls
+the very kernel functions the layers call); the caller computes the logits.
 
 NOTE: measured on the 2-vCPU Xeon (AMX, 2.6 GHz), torch 2.13, 2 threads, `100m` (12 layers),
 context 128, `mixgate bench engine` run both ways back to back (medians of 3 rounds x 10 steps):
@@ -14,6 +15,14 @@ ctypes calls, the tensors each allocated and first touched, the views, the embed
 rotary tables), less at B=64 where the arithmetic is the step. `plan calibrate`'s fitted fixed
 cost per step went from 3.8-4.7 ms to 0.0 (rms error 4.3%). A step's kernels were timed alone
 in a probe before: 17.0/21.5/50.9 ms of the 19.1/24.4/54.3 ms steps at B=1/8/32.
+
+NOTE: mixed steps (decodes and prefill chunks) came here later. On the 2-vCPU AMD EPYC (Zen 5,
+AVX-512), torch 2.13, 2 threads, one ModelRunner timed both ways alternately (medians of 15
+rounds x 5 steps; /tmp-free probe over bench.engine.mixed_step's steps), one call vs the layers:
+`small`, 30 decodes at 100-1,500 tokens + a 64-token chunk at 1,000: 6.44 vs 7.01 ms (0.92x);
+8 decodes + 64: 3.69 vs 4.49 (0.82x); 30 + 96: 8.01 vs 8.80 (0.91x); a 128-token first chunk
+alone 2.23 vs 2.72 (0.82x). `100m` (medians of 7): 30 + 64 75.7 vs 80.9 ms (0.94x), 8 + 64 51.3
+vs 54.7 (0.94x), 128 alone 66.6 vs 69.8 (0.95x).
 """
 
 from __future__ import annotations
@@ -28,16 +37,17 @@ import torch
 from engine.model.kernels.fused_ops import FusedElementwise
 from engine.model.kernels.native_build import load_kernel_or_none
 from engine.model.kernels.paged_decode import PagedDecodeKernel
+from engine.model.kernels.paged_prefill import PagedPrefillKernel
 from engine.model.kernels.skinny import SkinnyLinear
 from engine.model.prepacked_linear import PrepackedLinear
 from engine.model.transformer import MLP, DecoderLayer, LlamaModel
 
-__all__ = ["MAX_ROWS", "DecodeForward", "decode_forward_library"]
+__all__ = ["MAX_ROWS", "StepForward", "step_forward_library"]
 
-_SOURCE = Path(__file__).with_name("decode_forward.c")
-# The C entry's limit (its scratch buffers' rows; the skinny kernel's bound on every build): larger
-# decode batches go layer by layer.
-MAX_ROWS = 64
+_SOURCE = Path(__file__).with_name("step_forward.c")
+# The C entry's limit (its scratch buffers' rows: the skinny kernel's bound with AVX-512, 64 with
+# AVX2, whose build `StepForward.max_rows` holds to its own). Larger steps go layer by layer.
+MAX_ROWS = 128
 
 _ptr = ctypes.c_void_p
 _i64 = ctypes.c_int64
@@ -54,7 +64,10 @@ class _Layer(ctypes.Structure):
 
 
 class _Kernels(ctypes.Structure):
-    _fields_ = [(name, _ptr) for name in ("rms_norm", "silu_mul", "rotary", "linear", "attention")]
+    _fields_ = [
+        (name, _ptr)
+        for name in ("rms_norm", "silu_mul", "rotary", "linear", "attention", "prefill_attention")
+    ]
 
 
 class _Model(ctypes.Structure):
@@ -91,18 +104,28 @@ def _skinny_panels(linear: object) -> tuple[torch.Tensor, torch.Tensor | None] |
     return linear.panels, linear.bias
 
 
-class DecodeForward:
-    """One model's decode forward in C: pointer tables built once, scratch reused per step."""
+class StepForward:
+    """One model's step forward in C: pointer tables built once, scratch reused per step."""
 
     def __init__(
-        self, library: ctypes.CDLL, kernels: _Kernels, model: LlamaModel, kv_cache: torch.Tensor
+        self,
+        library: ctypes.CDLL,
+        kernels: _Kernels,
+        model: LlamaModel,
+        kv_cache: torch.Tensor,
+        max_rows: int = MAX_ROWS,
     ):
-        fn = library.mixgate_decode_forward_f32
-        fn.argtypes = [_ptr, _ptr, _ptr, _ptr, _ptr, _ptr, _ptr, _ptr, _i64, _ptr, _i64, _ptr]
-        fn.argtypes += [ctypes.c_int]
+        fn = library.mixgate_step_forward_f32
+        fn.argtypes = [_ptr, _ptr, _ptr, _ptr, _ptr, _ptr, _ptr, _ptr, _i64, _ptr, _i64]
+        fn.argtypes += [_ptr, _ptr, _i64, _i64, _i64, _ptr, ctypes.c_int]
         fn.restype = ctypes.c_int
         self._fn = fn
         self._kernels = kernels
+        # Rows a step may have here: the scratch's, and the skinny kernel's bound on this build
+        # (past it the layers' linears are oneDNN's, other bits).
+        self.max_rows = min(max_rows, MAX_ROWS)
+        # Whether prefill chunks run here too (the layers attend them with the prefill kernel).
+        self.takes_prefill = bool(kernels.prefill_attention)
         config = model.config
         self.hidden_size = config.hidden_size
         self._widths = {
@@ -137,10 +160,10 @@ class DecodeForward:
             embedding.data_ptr(), cos.data_ptr(), sin.data_ptr(), final_norm.data_ptr(),
         )  # fmt: skip
         self._layers = layers
-        # Sized for MAX_ROWS once (100m: 4.4 MB) and reused by every step: fresh buffers per
-        # call were what made each kernel's first touch of its output slow.
+        # Sized for max_rows once (100m at 128 rows: 8.8 MB) and reused by every step: fresh
+        # buffers per call were what made each kernel's first touch of its output slow.
         self._scratch_tensors = {
-            name: torch.empty(MAX_ROWS * self._widths[name], dtype=torch.float32)
+            name: torch.empty(self.max_rows * self._widths[name], dtype=torch.float32)
             for name in _SCRATCH_FIELDS
         }
         self._scratch = _Scratch(*(self._scratch_tensors[n].data_ptr() for n in _SCRATCH_FIELDS))
@@ -173,11 +196,13 @@ class DecodeForward:
         linear: object,
         attention: object,
         elementwise: object,
-    ) -> DecodeForward | None:
+        prefill: object = None,
+    ) -> StepForward | None:
         """The C forward for `model` where it can run it exactly as the layers do, else None.
 
-        `linear`, `attention`, `elementwise`: the kernels the runner's layers use (None, or
-        another kind, where they do not run the C ones: then neither does this)."""
+        `linear`, `attention`, `elementwise`, `prefill`: the kernels the runner's layers use
+        (None, or another kind, where they do not run the C ones: then neither does this; without
+        the prefill kernel it runs pure-decode steps only)."""
         config = model.config
         if not (
             isinstance(linear, SkinnyLinear)
@@ -195,13 +220,16 @@ class DecodeForward:
             and model.embed_tokens.weight.dtype == torch.float32
             and config.head_dim % 2 == 0
         )
-        library = decode_forward_library() if fits else None
+        library = step_forward_library() if fits else None
         if library is None:
             return None
         norm, silu_mul, rotary = elementwise.entry_addresses()
-        kernels = _Kernels(norm, silu_mul, rotary, linear.entry_address, attention_address)
+        prefill_address = prefill.entry_address if isinstance(prefill, PagedPrefillKernel) else None
+        kernels = _Kernels(
+            norm, silu_mul, rotary, linear.entry_address, attention_address, prefill_address
+        )
         try:
-            return cls(library, kernels, model, kv_cache)
+            return cls(library, kernels, model, kv_cache, linear.max_rows)
         except ValueError:
             return None
 
@@ -212,26 +240,39 @@ class DecodeForward:
         slot_mapping: torch.Tensor,
         block_tables: torch.Tensor,
         context_lens: torch.Tensor,
+        spans: torch.Tensor | None = None,
+        span_tables: torch.Tensor | None = None,
     ) -> torch.Tensor | None:
-        """Final hidden states [rows, hidden] of a pure-decode step (int64 inputs [rows];
-        block tables [rows, width]); None when the C side refuses (more than MAX_ROWS rows)."""
+        """Final hidden states [rows, hidden] of a step (int64 inputs [rows]), or None when the C
+        side refuses it (more than `max_rows` rows).
+
+        Its single-token rows come first: block tables [decode rows, width] and context lengths
+        [decode rows]. Prefill chunks follow, laid end to end: `spans` [chunks, 2] (each chunk's
+        rows and first position) and `span_tables` [chunks, width] (each chunk's block table)."""
         rows = input_ids.shape[0]
-        if rows > MAX_ROWS:
+        if rows > self.max_rows:
             return None
         tables = block_tables.contiguous()
         ids, pos = input_ids.contiguous(), positions.contiguous()
         slots, lengths = slot_mapping.contiguous(), context_lens.contiguous()
+        span_count, span_ptr, span_table_ptr, span_stride = 0, None, None, 0
+        if spans is not None and spans.shape[0] > 0:
+            if not self.takes_prefill or span_tables is None:
+                return None
+            spans, span_tables = spans.contiguous(), span_tables.contiguous()
+            span_count, span_ptr = spans.shape[0], spans.data_ptr()
+            span_table_ptr, span_stride = span_tables.data_ptr(), span_tables.shape[1]
         out = torch.empty(rows, self.hidden_size, dtype=torch.float32)
         status = self._fn(
             ctypes.byref(self._kernels), ctypes.byref(self._model), self._layers,
             ctypes.byref(self._scratch), ids.data_ptr(), pos.data_ptr(), slots.data_ptr(),
-            tables.data_ptr(), tables.shape[1], lengths.data_ptr(), rows, out.data_ptr(),
-            torch.get_num_threads(),
+            tables.data_ptr(), tables.shape[1], lengths.data_ptr(), tables.shape[0], span_ptr,
+            span_table_ptr, span_stride, span_count, rows, out.data_ptr(), torch.get_num_threads(),
         )  # fmt: skip
         return out if status == 0 else None
 
 
 @functools.cache
-def decode_forward_library() -> ctypes.CDLL | None:
+def step_forward_library() -> ctypes.CDLL | None:
     """The compiled library, built on first use; None (logged once) where it cannot be here."""
-    return load_kernel_or_none(_SOURCE, "decode_forward_unavailable")
+    return load_kernel_or_none(_SOURCE, "step_forward_unavailable")
