@@ -59,7 +59,8 @@ class EngineConfig:
     # CPU, fp32, with prepack_linears: weights of <= 64 MiB also through the engine's own C loop
     # for calls of <= 128 rows with AVX-512, 64 with AVX2 (engine/model/kernels/skinny.py:
     # faster than oneDNN there, from its fixed cost per call on small weights, from streaming on
-    # large ones); False keeps oneDNN for every call. (The name is from when it took small weights only.)
+    # large ones); False keeps oneDNN for every call. (The name is from when it took small
+    # weights only.)
     small_linear_kernel: bool = True
     # Pure-decode steps through padded static shapes replayed as CUDA graphs
     # (engine/model/decode_graphs.py): "auto" (on CUDA; the eager forward's launches left an
