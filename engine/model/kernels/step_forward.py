@@ -17,12 +17,12 @@ cost per step went from 3.8-4.7 ms to 0.0 (rms error 4.3%). A step's kernels wer
 in a probe before: 17.0/21.5/50.9 ms of the 19.1/24.4/54.3 ms steps at B=1/8/32.
 
 NOTE: mixed steps (decodes and prefill chunks) came here later. On the 2-vCPU AMD EPYC (Zen 5,
-AVX-512), torch 2.13, 2 threads, one ModelRunner timed both ways alternately (medians of 15
-rounds x 5 steps; /tmp-free probe over bench.engine.mixed_step's steps), one call vs the layers:
-`small`, 30 decodes at 100-1,500 tokens + a 64-token chunk at 1,000: 6.44 vs 7.01 ms (0.92x);
-8 decodes + 64: 3.69 vs 4.49 (0.82x); 30 + 96: 8.01 vs 8.80 (0.91x); a 128-token first chunk
-alone 2.23 vs 2.72 (0.82x). `100m` (medians of 7): 30 + 64 75.7 vs 80.9 ms (0.94x), 8 + 64 51.3
-vs 54.7 (0.94x), 128 alone 66.6 vs 69.8 (0.95x).
+AVX-512), torch 2.13, 2 threads, one ModelRunner timing both ways alternately (`python -m
+bench.engine.mixed --forward both --chunk-tokens 64`, medians), one call vs the layers:
+`small`, 30 decodes at 100-1,500 tokens + a 64-token chunk at 1,000: 5.68 vs 5.95 and 6.43 vs
+6.64 ms (0.95-0.97x); 8 decodes + 64: 3.53 vs 3.89 and 3.98 vs 4.54 (0.88-0.91x); the chunk
+alone 2.10-2.41 vs 2.36-2.76 (0.86-0.92x). `100m`: 30 + 64 77.0 vs 82.2 ms, the chunk alone 44.2
+vs 47.3 (0.94x). An earlier probe over the same steps read 0.82-0.92x on `small`.
 """
 
 from __future__ import annotations
