@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -11,19 +12,25 @@ from bench.baselines import vllm_throughput
 from bench.engine.mixed import build_parser, run_mixed_step_bench
 
 
-def test_mixed_step_bench_times_each_part_and_splits_the_mixed_step(
-    tiny_model_dir: Path, tmp_path: Path
-) -> None:
+def _run_tiny_mixed_step_bench(model_dir: Path, tmp_path: Path, *extra: str) -> dict[str, Any]:
+    """The bench on small shapes of the tiny model, with `extra` arguments; its JSON."""
     out = tmp_path / "mixed.json"
     args = build_parser().parse_args(
         [
-            "--model", str(tiny_model_dir), "--threads", "1", "--decodes", "5",
+            "--model", str(model_dir), "--threads", "1", "--decodes", "5",
             "--context-range", "10,70", "--chunk-tokens", "24", "--chunk-start", "40",
-            "--rounds", "2", "--repeats", "1", "--profile", "--json", str(out),
+            "--rounds", "2", "--repeats", "1", "--json", str(out), *extra,
         ]
     )  # fmt: skip
     assert run_mixed_step_bench(args) == 0
-    result = json.loads(out.read_text())
+    result: dict[str, Any] = json.loads(out.read_text())
+    return result
+
+
+def test_mixed_step_bench_times_each_part_and_splits_the_mixed_step(
+    tiny_model_dir: Path, tmp_path: Path
+) -> None:
+    result = _run_tiny_mixed_step_bench(tiny_model_dir, tmp_path, "--profile")
     steps = {row["step"]: row for row in result["rows"]}
     assert set(steps) == {"mixed", "decodes only", "chunk only"}
     assert steps["mixed"]["shape"]["decodes"] == 5
@@ -47,16 +54,7 @@ def test_mixed_step_bench_times_each_part_and_splits_the_mixed_step(
 def test_mixed_step_bench_times_the_c_forward_and_the_layers_side_by_side(
     tiny_model_dir: Path, tmp_path: Path
 ) -> None:
-    out = tmp_path / "mixed.json"
-    args = build_parser().parse_args(
-        [
-            "--model", str(tiny_model_dir), "--threads", "1", "--decodes", "5",
-            "--context-range", "10,70", "--chunk-tokens", "24", "--chunk-start", "40",
-            "--rounds", "2", "--repeats", "1", "--forward", "both", "--json", str(out),
-        ]
-    )  # fmt: skip
-    assert run_mixed_step_bench(args) == 0
-    rows = json.loads(out.read_text())["rows"]
+    rows = _run_tiny_mixed_step_bench(tiny_model_dir, tmp_path, "--forward", "both")["rows"]
     timed = {(row["step"], row["forward"]) for row in rows if row["step_ms"] > 0}
     steps = ("mixed", "decodes only", "chunk only")
     assert timed == {(step, forward) for step in steps for forward in ("c", "layers")}

@@ -21,10 +21,12 @@ from engine.model.kernels.step_forward import MAX_ROWS
 from tests.engine.test_transformers_parity import _add_qkv_biases, _to_qwen2, _variant
 
 
-def _engine(model_dir: Path, fused: bool, *, max_active_seqs: int = 8) -> LLMEngine:
+def _engine(
+    model_dir: Path, fused: bool, *, max_active_seqs: int = 8, step_token_budget: int = 256
+) -> LLMEngine:
     config = EngineConfig(
         max_active_seqs=max_active_seqs,
-        step_token_budget=256,
+        step_token_budget=step_token_budget,
         num_kv_blocks=1024,
         block_size_tokens=4,
         device="cpu",
@@ -126,19 +128,9 @@ def _rows_asked(engine: LLMEngine) -> list[int]:
 def test_mixed_steps_are_the_same_bits_as_the_layers(tiny_model_dir: Path) -> None:
     # A budget of 24 cuts the prompts (up to 60 tokens) into chunks: steps of decodes beside a
     # first chunk, beside a later chunk over blocks written steps before, and beside several.
-    def engine(fused: bool) -> LLMEngine:
-        config = EngineConfig(
-            max_active_seqs=6,
-            step_token_budget=24,
-            num_kv_blocks=1024,
-            block_size_tokens=4,
-            device="cpu",
-            num_threads=2,
-            fused_step_forward=fused,
-        )
-        return LLMEngine(tiny_model_dir, config)
-
-    fused, layers = engine(True), engine(False)
+    fused, layers = (
+        _engine(tiny_model_dir, on, max_active_seqs=6, step_token_budget=24) for on in (True, False)
+    )
     spans_asked: list[list[tuple[int, int]]] = []  # each C call's (rows, first position)
     forward = fused.runner.step_forward
     assert forward is not None and forward.takes_prefill
