@@ -102,14 +102,13 @@ typedef struct {
  * out [rows, hidden]: the final norm's output. Returns 0, or -1 where the shapes are refused
  * (the caller then runs the layer-by-layer path). */
 int mixgate_step_forward_f32(const mixgate_step_kernels *k, const mixgate_step_model *model,
-                               const mixgate_step_layer *layers,
-                               const mixgate_step_scratch *scratch, const int64_t *input_ids,
-                               const int64_t *positions, const int64_t *slot_mapping,
-                               const int64_t *block_tables, int64_t table_stride,
-                               const int64_t *context_lens, int64_t decode_rows,
-                               const int64_t *spans, const int64_t *span_tables,
-                               int64_t span_table_stride, int64_t span_count, int64_t rows,
-                               float *out, int num_threads) {
+                             const mixgate_step_layer *layers, const mixgate_step_scratch *scratch,
+                             const int64_t *input_ids, const int64_t *positions,
+                             const int64_t *slot_mapping, const int64_t *block_tables,
+                             int64_t table_stride, const int64_t *context_lens,
+                             int64_t decode_rows, const int64_t *spans, const int64_t *span_tables,
+                             int64_t span_table_stride, int64_t span_count, int64_t rows,
+                             float *out, int num_threads) {
     const int64_t hidden = model->hidden, d = model->head_dim, half = d / 2;
     const int64_t heads = model->heads, kv_heads = model->kv_heads;
     const int64_t q_size = heads * d, kv_size = kv_heads * d, qkv_n = q_size + 2 * kv_size;
