@@ -203,7 +203,7 @@ class ModelRunner:
         """The step's final hidden states from the one-call C forward, or None where it refuses.
         Single-token chunks (sorted first) go to its decode attention, the rest to its prefill
         attention, as `_metadata` splits them for the layers."""
-        singles = len(chunks) if inputs.all_single else sum(c.num_tokens == 1 for c in chunks)
+        singles = inputs.num_single_chunks
         width_blocks = -(-chunks[singles - 1].end_pos // self.block_size) if singles else 1
         tables = self._table_rows(inputs.rows[:singles], width_blocks)
         spans = span_tables = None
@@ -244,7 +244,7 @@ class ModelRunner:
         return dict(zip(ids, tokens, strict=True))
 
     def _metadata(self, chunks: list[ScheduledChunk], inputs: StepInputs) -> PagedAttentionMetadata:
-        num_singles = len(chunks) if inputs.all_single else sum(c.num_tokens == 1 for c in chunks)
+        num_singles = inputs.num_single_chunks
         size = self.block_size
         table = self.inputs.block_tables.table
         dtype = self.kv_cache.dtype

@@ -102,8 +102,13 @@ class StepInputs:
     # Rows of the flattened batch whose logits are sampled, and the chunks they belong to.
     sample_rows: torch.Tensor | None
     sampling_chunks: list[ScheduledChunk]
-    # True when every chunk is one token (pure decode): rows of the batch == chunks.
-    all_single: bool
+    # Chunks of one token (the runner sorts them first: decode attention takes them).
+    num_single_chunks: int
+
+    @property
+    def all_single(self) -> bool:
+        """Every chunk is one token (pure decode): rows of the batch == chunks."""
+        return self.num_single_chunks == len(self.row_ids)
 
 
 class StepInputBuilder:
@@ -126,16 +131,17 @@ class StepInputBuilder:
         ids: list[int] = []
         starts, counts, sample_rows = [], [], []
         sampling = []
-        total = 0
+        total = singles = 0
         for chunk in chunks:
             ids += chunk.seq.token_ids[chunk.start_pos : chunk.end_pos]
             starts.append(chunk.start_pos)
             counts.append(chunk.num_tokens)
             total += chunk.num_tokens
+            singles += chunk.num_tokens == 1
             if chunk.samples:
                 sample_rows.append(total - 1)
                 sampling.append(chunk)
-        all_single = total == len(chunks)
+        all_single = singles == len(chunks)
         # One host tensor for every per-chunk integer: a single copy to the device.
         packed = torch.tensor([rows, starts, counts], dtype=torch.long).to(self.device)
         row_t, start_t, count_t = packed[0], packed[1], packed[2]
@@ -162,5 +168,5 @@ class StepInputBuilder:
             context_lens=start_t + count_t,
             sample_rows=picked,
             sampling_chunks=sampling,
-            all_single=all_single,
+            num_single_chunks=singles,
         )

@@ -73,6 +73,7 @@ def test_inputs_match_the_per_token_definition_over_many_steps() -> None:
         assert inputs.slot_mapping.tolist() == slots
         assert inputs.context_lens.tolist() == [c.end_pos for c in chunks]
         assert inputs.all_single == all(c.num_tokens == 1 for c in chunks)
+        assert inputs.num_single_chunks == sum(c.num_tokens == 1 for c in chunks)
         ends = [sum(c.num_tokens for c in chunks[: i + 1]) - 1 for i in range(len(chunks))]
         wanted_rows = [e for e, c in zip(ends, chunks, strict=True) if c.samples]
         got_rows = ends if inputs.sample_rows is None else inputs.sample_rows.tolist()
