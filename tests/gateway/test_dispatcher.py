@@ -45,7 +45,7 @@ INT, B = RequestClass.INTERACTIVE, RequestClass.BULK
 TENANT = "t1"
 OFFSETS_MS = {INT: 0, B: 30_000}
 K = DispatchEventKind
-StepHold = Callable[[int], None]
+StepHold = Callable[[int], Callable[[], None]]
 
 
 class FakeClock:
@@ -187,12 +187,13 @@ def _blocks_free_now(engine: AsyncEngine) -> bool:
 @pytest.fixture
 def hold_steps(engine: AsyncEngine, monkeypatch: pytest.MonkeyPatch) -> Iterator[StepHold]:
     """`hold(n)`: once n requests have each produced a token, the engine thread takes no
-    further step until something is aborted, so which jobs are still running at that point
-    does not depend on how fast the engine thread runs against the test's event loop."""
+    further step until something is aborted or the returned `release()` is called, so which
+    jobs are still running at that point does not depend on how fast the engine thread runs
+    against the test's event loop."""
     release = threading.Event()
     real_step, real_abort = engine.engine.step, engine.abort
 
-    def hold(requests: int) -> None:
+    def hold(requests: int) -> Callable[[], None]:
         with_tokens: set[str] = set()
 
         def step() -> list[RequestOutput]:
@@ -208,6 +209,7 @@ def hold_steps(engine: AsyncEngine, monkeypatch: pytest.MonkeyPatch) -> Iterator
 
         monkeypatch.setattr(engine.engine, "step", step)
         monkeypatch.setattr(engine, "abort", abort)
+        return release.set
 
     yield hold
     # Never leave the module's engine thread waiting (a failed test may not have aborted).
@@ -532,13 +534,25 @@ async def test_two_dispatchers_complete_each_job_exactly_once(
 
 @pytest.mark.redis
 async def test_stop_waits_for_jobs_that_finish_within_the_drain_timeout(
-    engine: AsyncEngine, client: aioredis.Redis, store: QueueStore, streams: TokenStreams
+    engine: AsyncEngine,
+    client: aioredis.Redis,
+    store: QueueStore,
+    streams: TokenStreams,
+    hold_steps: StepHold,
 ) -> None:
     job_ids = [await _admit(store, cls, 40) for cls in (INT, B, B)]
+    release = hold_steps(3)
     dispatcher = Dispatcher(store, streams, engine, _config(), redis=client)
     await dispatcher.start()
     for job_id in job_ids:
         assert (await _first_event(streams, job_id)).kind == DELTA
+    # The engine steps on only once stop() has ended claiming: this callback runs just before
+    # stop() resumes and counts its local jobs, and a job can end only on later turns of the
+    # loop. (Before: free-running, a 40-token job could end before stop() counted it, which a
+    # CI run hit: finished 2, not 3.)
+    claim_task = dispatcher._claim_task  # noqa: SLF001
+    assert claim_task is not None
+    claim_task.add_done_callback(lambda _: release())
 
     drained = await dispatcher.stop(drain_timeout_s=20.0)
 
