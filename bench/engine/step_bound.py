@@ -259,6 +259,9 @@ def run_step_bound(args: argparse.Namespace, measure_rates: RatesProbe = _rates_
     if skinny is None or attention is None:
         raise SystemExit("the engine's C kernels do not build here (a C compiler is needed)")
     raw = json.loads((Path(args.model) / "config.json").read_text())
+    if "num_local_experts" in raw:
+        # Its layers' MLPs are experts, not the one gate/up and down measured here.
+        raise SystemExit("step_bound measures dense layers; this model's MLPs are experts")
     shapes = LayerShapes.from_config(raw)
     if not PagedDecodeKernel.supports(shapes.heads, shapes.kv_heads, shapes.head_dim):
         raise SystemExit("the paged decode kernel does not take this model's attention shape")
