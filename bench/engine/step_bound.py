@@ -35,7 +35,6 @@ import statistics
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -48,65 +47,37 @@ from bench.engine.hardware_rates import (
     RatesProbe,
     measure_hardware_rates,
     median_rates,
+    median_time_s,
 )
+from engine.model.config import ModelConfig
 from engine.model.huge_pages import copy_into_huge_pages
 from engine.model.kernels.paged_decode import PagedDecodeKernel, paged_decode_kernel
 from engine.model.kernels.skinny import SkinnyLinear, skinny_linear_kernel
 from planning.costmodel import decode_step_estimate_s
 from planning.model_shape_from_config import shape_from_hf_config
 
-__all__ = ["LayerShapes", "build_parser", "bound_row", "run_step_bound"]
+__all__ = ["bound_row", "build_parser", "kv_bytes", "linear_shapes", "run_step_bound"]
 
 _FP32_BYTES = 4
 
 
-@dataclass(frozen=True, slots=True)
-class LayerShapes:
-    """What one dense decoder layer's linears and attention are made of."""
-
-    layers: int
-    hidden: int
-    intermediate: int
-    heads: int
-    kv_heads: int
-    head_dim: int
-
-    @classmethod
-    def from_config(cls, raw: dict[str, Any]) -> LayerShapes:
-        heads = int(raw["num_attention_heads"])
-        return cls(
-            layers=int(raw["num_hidden_layers"]),
-            hidden=int(raw["hidden_size"]),
-            intermediate=int(raw["intermediate_size"]),
-            heads=heads,
-            kv_heads=int(raw.get("num_key_value_heads", heads)),
-            head_dim=int(raw.get("head_dim", int(raw["hidden_size"]) // heads)),
-        )
-
-    def linears(self) -> list[tuple[int, int]]:
-        """(out, in) of each linear as the engine runs them: qkv and gate/up fused."""
-        q_out, kv_out = self.heads * self.head_dim, self.kv_heads * self.head_dim
-        return [
-            (q_out + 2 * kv_out, self.hidden),
-            (self.hidden, q_out),
-            (2 * self.intermediate, self.hidden),
-            (self.hidden, self.intermediate),
-        ]
-
-    def kv_bytes(self, batch: int, context: int) -> int:
-        """K and V bytes every layer's attention reads for `batch` rows of `context` keys."""
-        per_token = 2 * self.kv_heads * self.head_dim * _FP32_BYTES
-        return self.layers * batch * context * per_token
+def linear_shapes(config: ModelConfig) -> list[tuple[int, int]]:
+    """(out, in) of one layer's linears as the engine runs them: qkv and gate/up fused."""
+    q_out = config.num_attention_heads * config.head_dim
+    kv_out = config.num_key_value_heads * config.head_dim
+    hidden, intermediate = config.hidden_size, config.intermediate_size
+    return [
+        (q_out + 2 * kv_out, hidden),
+        (hidden, q_out),
+        (2 * intermediate, hidden),
+        (hidden, intermediate),
+    ]
 
 
-def _median_s(fn: Callable[[], None], repeats: int) -> float:
-    fn()  # warm: first-touch, the kernels' libraries, the thread team
-    samples = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        fn()
-        samples.append(time.perf_counter() - start)
-    return statistics.median(samples)
+def kv_bytes(config: ModelConfig, batch: int, context: int) -> int:
+    """K and V bytes every layer's attention reads for `batch` rows of `context` keys (fp32)."""
+    per_token = 2 * config.num_key_value_heads * config.head_dim * _FP32_BYTES
+    return config.num_hidden_layers * batch * context * per_token
 
 
 class _Parts:
@@ -114,7 +85,7 @@ class _Parts:
 
     def __init__(
         self,
-        shapes: LayerShapes,
+        config: ModelConfig,
         batch: int,
         context: int,
         block_size: int,
@@ -123,10 +94,10 @@ class _Parts:
         generator: torch.Generator,
     ) -> None:
         self.skinny, self.attention = skinny, attention
-        self.linear_shapes = shapes.linears()
+        self.linear_shapes = linear_shapes(config)
         packed = [
             skinny.pack(torch.randn(out, inp, generator=generator) * 0.02)
-            for _ in range(shapes.layers)
+            for _ in range(config.num_hidden_layers)
             for out, inp in self.linear_shapes
         ]
         per_layer = len(self.linear_shapes)
@@ -138,16 +109,21 @@ class _Parts:
         }
         blocks_per_row = -(-context // block_size)
         num_blocks = batch * blocks_per_row
-        cache_shape = (num_blocks, block_size, shapes.kv_heads, shapes.head_dim)
+        cache_shape = (num_blocks, block_size, config.num_key_value_heads, config.head_dim)
         cache = copy_into_huge_pages(
-            [torch.randn(cache_shape, generator=generator) for _ in range(2 * shapes.layers)]
+            [
+                torch.randn(cache_shape, generator=generator)
+                for _ in range(2 * config.num_hidden_layers)
+            ]
         )
-        self.caches = [(cache[2 * i], cache[2 * i + 1]) for i in range(shapes.layers)]
+        self.caches = [(cache[2 * i], cache[2 * i + 1]) for i in range(config.num_hidden_layers)]
         # The rows' blocks lie anywhere in the cache, as a block manager hands them out.
         order = torch.randperm(num_blocks, generator=generator)
         self.block_tables = order.view(batch, blocks_per_row).long().contiguous()
         self.context_lens = torch.full((batch,), context, dtype=torch.long)
-        self.query = torch.randn(batch, shapes.heads, shapes.head_dim, generator=generator)
+        self.query = torch.randn(
+            batch, config.num_attention_heads, config.head_dim, generator=generator
+        )
 
     def run_linears(self) -> None:
         for layer in self.weights:
@@ -159,6 +135,11 @@ class _Parts:
             self.attention.attend(
                 self.query, k_cache, v_cache, self.block_tables, self.context_lens
             )
+
+
+def _median_cpu_s(fn: Callable[[], None], repeats: int) -> float:
+    # One warm call: first touch, the kernels' libraries, the thread team.
+    return median_time_s(fn, repeats, torch.device("cpu"), warmup=1)
 
 
 def _on_threads(threads: int, fn: Callable[[], None]) -> Callable[[], None]:
@@ -259,11 +240,13 @@ def run_step_bound(args: argparse.Namespace, measure_rates: RatesProbe = _rates_
     if skinny is None or attention is None:
         raise SystemExit("the engine's C kernels do not build here (a C compiler is needed)")
     raw = json.loads((Path(args.model) / "config.json").read_text())
-    if "num_local_experts" in raw:
+    config = ModelConfig.from_dict(raw)
+    if config.num_local_experts:
         # Its layers' MLPs are experts, not the one gate/up and down measured here.
         raise SystemExit("step_bound measures dense layers; this model's MLPs are experts")
-    shapes = LayerShapes.from_config(raw)
-    if not PagedDecodeKernel.supports(shapes.heads, shapes.kv_heads, shapes.head_dim):
+    if not PagedDecodeKernel.supports(
+        config.num_attention_heads, config.num_key_value_heads, config.head_dim
+    ):
         raise SystemExit("the paged decode kernel does not take this model's attention shape")
     threads = args.threads or torch.get_num_threads()
     load_at_start = os.getloadavg()[0]
@@ -277,34 +260,34 @@ def run_step_bound(args: argparse.Namespace, measure_rates: RatesProbe = _rates_
     generator = torch.Generator().manual_seed(args.seed)
     rows = []
     for batch in (int(b) for b in args.batch_sizes.split(",")):
-        parts = _Parts(shapes, batch, args.context, args.block_size, skinny, attention, generator)
+        parts = _Parts(config, batch, args.context, args.block_size, skinny, attention, generator)
         linears_s = {
-            "all_threads": _median_s(_on_threads(threads, parts.run_linears), args.repeats),
-            "one_thread": _median_s(_on_threads(1, parts.run_linears), args.repeats),
+            "all_threads": _median_cpu_s(_on_threads(threads, parts.run_linears), args.repeats),
+            "one_thread": _median_cpu_s(_on_threads(1, parts.run_linears), args.repeats),
         }
         attention_s = {
-            "all_threads": _median_s(_on_threads(threads, parts.run_attention), args.repeats),
-            "one_thread": _median_s(_on_threads(1, parts.run_attention), args.repeats),
+            "all_threads": _median_cpu_s(_on_threads(threads, parts.run_attention), args.repeats),
+            "one_thread": _median_cpu_s(_on_threads(1, parts.run_attention), args.repeats),
         }
         side_by_side_s = _side_by_side_s(parts, args.repeats)
         torch.set_num_threads(threads)
         estimate = decode_step_estimate_s(model_shape, rates.hardware(), batch, args.context)
-        kv_bytes = shapes.kv_bytes(batch, args.context)
+        read_bytes = kv_bytes(config, batch, args.context)
         rows.append(
             bound_row(
-                batch, linears_s, attention_s, side_by_side_s, estimate.step_s, threads, kv_bytes
+                batch, linears_s, attention_s, side_by_side_s, estimate.step_s, threads, read_bytes
             )
         )
     Console().print(_table(rows, threads))
     result = {
         "model": str(args.model),
         "shapes": {
-            "layers": shapes.layers,
-            "hidden": shapes.hidden,
-            "intermediate": shapes.intermediate,
-            "heads": shapes.heads,
-            "kv_heads": shapes.kv_heads,
-            "head_dim": shapes.head_dim,
+            "layers": config.num_hidden_layers,
+            "hidden": config.hidden_size,
+            "intermediate": config.intermediate_size,
+            "heads": config.num_attention_heads,
+            "kv_heads": config.num_key_value_heads,
+            "head_dim": config.head_dim,
         },
         "threads": threads,
         "context": args.context,

@@ -11,7 +11,8 @@ import pytest
 import torch
 
 from bench.engine.hardware_rates import fixed_rates_probe
-from bench.engine.step_bound import LayerShapes, build_parser, run_step_bound
+from bench.engine.step_bound import build_parser, kv_bytes, linear_shapes, run_step_bound
+from engine.model.config import ModelConfig
 from engine.model.kernels.paged_decode import paged_decode_kernel
 from engine.model.kernels.skinny import skinny_linear_kernel
 from planning.costmodel import decode_step_estimate_s
@@ -41,7 +42,7 @@ def _run(model_dir: Path, tmp_path: Path) -> dict[str, Any]:
 def test_the_floors_are_built_from_the_measured_parts(tiny_model_dir: Path, tmp_path: Path) -> None:
     result = _run(tiny_model_dir, tmp_path)
     raw = json.loads((tiny_model_dir / "config.json").read_text())
-    shapes = LayerShapes.from_config(raw)
+    config = ModelConfig.from_dict(raw)
     model_shape = shape_from_hf_config(raw, 4)
     hardware = fixed_rates_probe(C_FLOPS, BW_BYTES_S)(
         torch.float32, torch.device("cpu"), None
@@ -65,19 +66,20 @@ def test_the_floors_are_built_from_the_measured_parts(tiny_model_dir: Path, tmp_
             row["overlap_floor_ms"] / row["estimate_ms"]
         )
         # 2 layers x rows x 40 keys x K and V of 2 heads x 16 dims in fp32
-        kv_bytes = 2 * row["batch"] * 40 * 2 * 2 * 16 * 4
-        assert kv_bytes == shapes.kv_bytes(row["batch"], 40)
+        read_bytes = 2 * row["batch"] * 40 * 2 * 2 * 16 * 4
+        assert read_bytes == kv_bytes(config, row["batch"], 40)
         assert row["attention_gb_per_s"]["one_thread"] == pytest.approx(
-            kv_bytes / (attn["one_thread"] / 1e3) / 1e9
+            read_bytes / (attn["one_thread"] / 1e3) / 1e9
         )
 
 
 def test_the_linears_are_the_engines_fused_ones() -> None:
-    shapes = LayerShapes.from_config(
+    config = ModelConfig.from_dict(
         {
             "num_hidden_layers": 12, "hidden_size": 768, "intermediate_size": 3072,
             "num_attention_heads": 12, "num_key_value_heads": 4, "head_dim": 64,
+            "vocab_size": 259,
         }
     )  # fmt: skip
     # qkv: 12 query heads + K and V of 4 heads, 64 dims each; gate and up in one.
-    assert shapes.linears() == [(1280, 768), (768, 768), (6144, 768), (768, 3072)]
+    assert linear_shapes(config) == [(1280, 768), (768, 768), (6144, 768), (768, 3072)]
