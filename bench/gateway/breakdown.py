@@ -61,6 +61,10 @@ def _chats(result: LoadResult) -> list[ChatTimes]:
                 server_ttft_s=record.server_ttft_s,
                 server_text_ttft_s=record.server_text_ttft_s,
                 server_queue_s=record.queue_delay_s,
+                server_dispatch_s=record.dispatch_s,
+                server_accept_s=record.accept_s,
+                server_intake_s=record.server_intake_s,
+                server_delivery_s=record.server_delivery_s,
                 predicted_ttft_s=record.predicted_ttft_s,
                 request_id=record.request_id,
                 sent_s=record.sent_s,
@@ -197,16 +201,33 @@ def _print(report: dict[str, Any]) -> None:
         )
     console.print(predicted)
     slowest = Table(title="slowest chats (client TTFT; sent: seconds into the run)")
-    for column in ("chat", "sent s", "TTFT", "queueing", "engine", "first text", "gateway"):
+    columns = {
+        "TTFT": "ttft_s",
+        "queueing": "queueing_s",
+        "  dispatch": "dispatch_s",
+        "  accept": "accept_s",
+        "  engine queue": "engine_queue_s",
+        "engine": "engine_s",
+        "first text": "first_text_s",
+        "gateway": "gateway_s",
+        "  intake": "intake_s",
+        "  delivery": "delivery_s",
+    }
+    for column in ("chat", "sent s", *columns):
         slowest.add_column(column, justify="right")
     for chat in report["slowest_chats"]:
         slowest.add_row(
             chat["request_id"],
             "-" if chat["sent_s"] is None else f"{chat['sent_s']:.2f}",
-            *(_ms(chat[k]) for k in ("ttft_s", "queueing_s", "engine_s", "first_text_s")),
-            _ms(chat["gateway_s"]),
+            *(_ms(chat[key]) for key in columns.values()),
         )
     console.print(slowest)
+    split = report["queueing_split_s"]
+    split = {part: _ms(seconds) for part, seconds in report["queueing_split_s"].items()}
+    console.print(
+        f"queueing (mean) = dispatch {split['dispatch']} + accept {split['accept']}"
+        f" + engine queue {split['engine_queue']} ms"
+    )
     redis, loop = report["redis"], report["event_loop"]
     console.print(
         f"redis: {redis['calls']} commands, {redis['usec_per_call']:.1f} µs each server-side; "

@@ -90,6 +90,8 @@ class BreakdownSender(HttpSender):
             text_ttft_s = timings.get("text_ttft_s")
             if isinstance(text_ttft_s, int | float):
                 record.server_text_ttft_s = float(text_ttft_s)
+            record.server_intake_s = timings.get("intake_s")
+            record.server_delivery_s = timings.get("delivery_s")
         return super()._on_chunk(chunk, record, state)
 
 

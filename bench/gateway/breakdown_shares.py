@@ -6,6 +6,12 @@ splits the mean chat TTFT and the mean chat ITL into parts that add up to the me
 
 TTFT (client: request sent -> first content chunk), per chat, then averaged:
 - ``queueing``: the server's ``queue_s`` (admission -> first engine step: queue, claim, hand-off);
+  where the server reports its parts, each slow chat and ``queueing_split_s`` split it into
+  ``dispatch`` (admission -> handed to the engine: the Redis queue, the claim, the gateway's
+  loop), ``accept`` (handed -> taken in by the engine core: the transport and the step in
+  flight) and ``engine_queue`` (the rest: waiting in the engine's scheduler);
+  each slow chat's gateway part also names the two pieces its handler timed: ``intake``
+  (handler start -> admitted) and ``delivery`` (first text sampled -> its chunk written);
 - ``engine``: the server's ``ttft_s - queue_s`` (first step -> first token sampled);
 - ``first_text``: the server's ``text_ttft_s - ttft_s`` (first token sampled -> first token with
   text: the steps a chat waits while its tokens decode to no text yet, which the client does
@@ -68,6 +74,10 @@ class ChatTimes:
     predicted_ttft_s: float | None = None  # admission's prediction (x-mixgate-predicted-ttft-ms)
     request_id: str = ""
     sent_s: float | None = None  # client: when it was sent, from the run's start
+    server_dispatch_s: float | None = None  # server: admission -> handed to the engine
+    server_accept_s: float | None = None  # server: handed -> taken in by the engine core
+    server_intake_s: float | None = None  # server: handler start -> admitted
+    server_delivery_s: float | None = None  # server: first text sampled -> chunk written
 
 
 @dataclass(frozen=True, slots=True)
@@ -100,6 +110,23 @@ def split_total(total: float, named: Mapping[str, float]) -> dict[str, float]:
     else:
         parts["other_gateway"] = total - named_sum
     return parts
+
+
+def queueing_split(chat: ChatTimes) -> dict[str, float | None]:
+    """The chat's queue_s in its three parts (None where the server did not report them);
+    each part clamped into what is left of queue_s, so that they sum to it."""
+    if chat.server_queue_s is None or chat.server_dispatch_s is None:
+        return {"dispatch": None, "accept": None, "engine_queue": None}
+    queue_s = max(0.0, chat.server_queue_s)
+    dispatch_s = min(queue_s, max(0.0, chat.server_dispatch_s))
+    accept_s = None
+    if chat.server_accept_s is not None:
+        accept_s = min(queue_s - dispatch_s, max(0.0, chat.server_accept_s))
+    return {
+        "dispatch": dispatch_s,
+        "accept": accept_s,
+        "engine_queue": queue_s - dispatch_s - (accept_s or 0.0),
+    }
 
 
 def _mean(values: Sequence[float]) -> float | None:
@@ -216,6 +243,12 @@ def breakdown(
         every = [{**server, **gateway} for _, _, server, gateway in ttft_splits]
         ttft_parts = {k: sum(p[k] for p in every) / len(every) for k in every[0]}
 
+    splits = [queueing_split(chat) for chat in timed]
+    split_means = {
+        part: _mean([v for split in splits if (v := split[part]) is not None])
+        for part in ("dispatch", "accept", "engine_queue")
+    }
+
     gaps = [gap for chat in chats for gap in chat.itls_s]
     itl_total = _mean(gaps)
     itl_parts = None
@@ -242,6 +275,8 @@ def breakdown(
         "chats_with_server_timings": len(timed),
         "chats_with_text_timings": sum(1 for c in timed if c.server_text_ttft_s is not None),
         "ttft_s": _block(ttft_total, ttft_parts),
+        # The mean of ttft_s's "queueing" part, in its parts (over chats whose server said).
+        "queueing_split_s": split_means,
         "itl_s": _block(itl_total, itl_parts),
         "chat_ttft_client_s": {
             "p50": percentile([c.ttft_s for c in chats], 50),
@@ -254,6 +289,10 @@ def breakdown(
                 "sent_s": chat.sent_s,
                 "ttft_s": total,
                 **{f"{name}_s": seconds for name, seconds in server.items()},
+                **{f"{name}_s": seconds for name, seconds in queueing_split(chat).items()},
+                # Two parts of gateway_s the handler measured itself (None where it did not).
+                "intake_s": chat.server_intake_s,
+                "delivery_s": chat.server_delivery_s,
                 "gateway_s": sum(gateway.values()),
             }
             for total, chat, server, gateway in sorted(ttft_splits, key=lambda row: -row[0])[

@@ -35,6 +35,10 @@ class RequestRecord:
     retry_after_s: float | None = None
     # Server-side: admission to the first engine step (None when the server did not say).
     queue_delay_s: float | None = None
+    # Its first two parts, where the server said: admission -> handed to the engine, and
+    # handed -> taken in by the engine core (the rest waited in the engine's scheduler).
+    dispatch_s: float | None = None
+    accept_s: float | None = None
     # Client-side for interactive (request sent -> first content); server-side for bulk jobs.
     ttft_s: float | None = None
     # Gaps between content chunks (interactive only).
@@ -49,6 +53,10 @@ class RequestRecord:
     predicted_ttft_s: float | None = None
     server_ttft_s: float | None = None
     server_text_ttft_s: float | None = None
+    # A streamed chat's handler times (mixgate_timings): start -> admitted, and first text
+    # sampled -> its chunk handed to the response.
+    server_intake_s: float | None = None
+    server_delivery_s: float | None = None
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), separators=(",", ":"))

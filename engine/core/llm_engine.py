@@ -126,7 +126,9 @@ class LLMEngine:
             token_ids=list(request.prompt_token_ids),
             num_prompt_tokens=len(request.prompt_token_ids),
             sampling=request.sampling,
-            metrics=RequestMetrics(arrival_s=arrival_s),
+            metrics=RequestMetrics(
+                arrival_s=arrival_s, handed_s=request.handed_s, accepted_s=self.clock()
+            ),
         )
         self._sequences[seq.seq_id] = seq
         sampling = request.sampling

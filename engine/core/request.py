@@ -17,6 +17,9 @@ class GenerationRequest:
     # Engine-clock arrival; None means "when the engine accepts it". The gateway passes the
     # time the request entered the service so queue delay counts in TTFT.
     arrival_s: float | None = None
+    # Engine-clock time the gateway handed it to the engine (None: not recorded); with the
+    # engine's own acceptance time it splits queue delay into dispatch, hand-off and queue.
+    handed_s: float | None = None
 
     def __post_init__(self) -> None:
         if not self.request_id:
@@ -30,6 +33,10 @@ class RequestMetrics:
     """Engine-clock timestamps of one request, so TTFT, ITL and end-to-end times are exact."""
 
     arrival_s: float
+    # When the gateway handed the request to the engine, and when the engine core took it in
+    # (after the step in flight, across the process boundary); None where not recorded.
+    handed_s: float | None = None
+    accepted_s: float | None = None
     first_scheduled_s: float | None = None
     first_token_s: float | None = None
     # The first token whose text is not empty: what a streaming client sees as its first
@@ -45,6 +52,18 @@ class RequestMetrics:
     @property
     def queue_delay_s(self) -> float | None:
         return None if self.first_scheduled_s is None else self.first_scheduled_s - self.arrival_s
+
+    @property
+    def dispatch_s(self) -> float | None:
+        """Admission -> handed to the engine (Redis queue, claim, the gateway's loop)."""
+        return None if self.handed_s is None else self.handed_s - self.arrival_s
+
+    @property
+    def accept_s(self) -> float | None:
+        """Handed -> taken in by the engine core (transport, the step in flight)."""
+        if self.handed_s is None or self.accepted_s is None:
+            return None
+        return self.accepted_s - self.handed_s
 
     @property
     def ttft_s(self) -> float | None:

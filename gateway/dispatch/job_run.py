@@ -62,6 +62,9 @@ def timings_of(metrics: RequestMetrics | None) -> dict[str, Any]:
         return {}
     return {
         "queue_s": metrics.queue_delay_s,
+        # queue_s's first two parts (the rest is the wait in the engine's scheduler).
+        "dispatch_s": metrics.dispatch_s,
+        "accept_s": metrics.accept_s,
         "ttft_s": metrics.ttft_s,
         # The first token with text (None when the request had no detokenized output).
         "text_ttft_s": metrics.text_ttft_s,
@@ -155,8 +158,10 @@ class JobRunner:
         # Engine-clock time of admission, so the queue wait in Redis counts in TTFT.
         waited_s = max(0, self._clock_ms() - job.enqueue_ms) / 1000.0
         payload = local.payload = JobPayload.from_json(job.request_json)
+        now_s = self._engine_clock_s()
+        # Handed now: _run passes it to the engine with no await in between.
         return payload.generation_request(
-            local.engine_request_id, job.request_class, arrival_s=self._engine_clock_s() - waited_s
+            local.engine_request_id, job.request_class, arrival_s=now_s - waited_s, handed_s=now_s
         )
 
     async def _generate(self, local: LocalJob, request: GenerationRequest) -> _Outcome:

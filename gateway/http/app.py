@@ -141,6 +141,7 @@ def create_app(settings: Settings, *, redis_client: aioredis.Redis | None = None
             lambda: engine_step_records(state.engine),
             lambda: _dispatch_events(state),
         )
+        state.metrics.watch_intake(state.intake_lane)
         if state.auth.is_open:
             log.warning("auth_open", message=OPEN_MODE_WARNING)
         tasks = [

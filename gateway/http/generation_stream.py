@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import time
 from collections.abc import Callable, Mapping
 from typing import Any, Generic, TypeVar
 
@@ -76,10 +77,13 @@ class Accepted(Generic[Body]):
     principal: Principal
     body: Body
     request_class: RequestClass
+    # Wall clock when its handler began (after uvicorn parsed its head): intake's start.
+    received_s: float
 
 
 async def accept_request(request: Request, parse: Callable[[Any], Body]) -> Accepted[Body]:
     """Queue store and readiness, key and rate limit, the parsed body, its model, its class."""
+    received_s = time.time()
     state: GatewayState = request.app.state.gw
     # Redis first: its 503 carries Retry-After and a precise code.
     require_redis(state)
@@ -88,7 +92,7 @@ async def accept_request(request: Request, parse: Callable[[Any], Body]) -> Acce
     body = parse(await read_body(request, state))
     require_model(state, body.model)
     cls = request_class(request, RequestClass.INTERACTIVE, body.service_tier, principal)
-    return Accepted(state, principal, body, cls)
+    return Accepted(state, principal, body, cls, received_s)
 
 
 def continuous_usage(body: SamplingRequest) -> bool:
@@ -117,22 +121,31 @@ async def admit_and_answer(
         extra[RESUMABLE_KEY] = True
     payload = dataclasses.replace(payload, extra=extra)
     deadline_s = interactive_deadline_s(request) if cls is RequestClass.INTERACTIVE else None
-    admitted = await admit(
-        state, principal, cls, payload, deadline_s=deadline_s, id_prefix=id_prefix
-    )
-    # No await since admit returned: the local dispatcher finds the listener when it runs the
-    # job (one that came late would still be served, through the stream).
-    assert state.streams is not None
-    listener = state.streams.local.listen(admitted.job_id, resumable=resumable)
-    state.metrics.requests.labels(cls.value, shape.endpoint, "admitted").inc()
-    extra_headers = dict(headers or {})
-    if payload.stream:
-        stream = SseAnswer(state, admitted, listener, principal.tenant, shape)
-        stream.with_timings = request.headers.get(TIMINGS_HEADER) == "1"
-        stream.usage_in_every_chunk = continuous_usage(accepted.body)
-        return sse_response(stream, {**admitted.prediction_headers, **extra_headers})
-    body = await _complete(state, admitted, listener, principal.tenant, shape)
-    return JSONResponse(body, headers=extra_headers)
+    # Until its first text, bulk intake takes fewer slots on the loop (intake_lane.py).
+    ticket = state.intake_lane.chat_arrived() if cls is RequestClass.INTERACTIVE else None
+    try:
+        admitted = await admit(
+            state, principal, cls, payload, deadline_s=deadline_s, id_prefix=id_prefix
+        )
+        # No await since admit returned: the local dispatcher finds the listener when it runs
+        # the job (one that came late would still be served, through the stream).
+        assert state.streams is not None
+        listener = state.streams.local.listen(admitted.job_id, resumable=resumable)
+        state.metrics.requests.labels(cls.value, shape.endpoint, "admitted").inc()
+        extra_headers = dict(headers or {})
+        if payload.stream:
+            stream = SseAnswer(state, admitted, listener, principal.tenant, shape)
+            stream.with_timings = request.headers.get(TIMINGS_HEADER) == "1"
+            stream.received_s = accepted.received_s
+            stream.usage_in_every_chunk = continuous_usage(accepted.body)
+            # The stream releases it at its first text (or its end).
+            stream.chat_ticket, ticket = ticket, None
+            return sse_response(stream, {**admitted.prediction_headers, **extra_headers})
+        body = await _complete(state, admitted, listener, principal.tenant, shape)
+        return JSONResponse(body, headers=extra_headers)
+    finally:
+        if ticket is not None:
+            ticket.release()
 
 
 async def _complete(

@@ -17,6 +17,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.registry import Collector
 
 from engine.core.step_record import LoadSnapshot, StepRecord
+from gateway.admission.intake_lane import IntakeLane
 from policies.request_class import RequestClass
 
 LATENCY_BUCKETS_S = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300)
@@ -122,6 +123,10 @@ class Metrics:
             self.registry.register(_StepCollector(step_records))
         if dispatch_events is not None:
             self.registry.register(_DispatchCollector(dispatch_events))
+
+    def watch_intake(self, lane: IntakeLane) -> None:
+        """Register the bulk intake lane's gauges (gateway/admission/intake_lane.py)."""
+        self.registry.register(_IntakeCollector(lane))
 
     def render(self) -> bytes:
         return generate_latest(self.registry)
@@ -289,6 +294,32 @@ class _DispatchCollector(Collector):
         for (kind, request_class), count in sorted(self._dispatch_events().items()):
             events.add_metric([str(kind), request_class.value], count)
         yield events
+
+
+class _IntakeCollector(Collector):
+    """Bulk intake's slots, and the chats that hold it to its lower limit."""
+
+    def __init__(self, lane: IntakeLane) -> None:
+        self._lane = lane
+
+    def collect(self) -> Iterable[Metric]:
+        lane = self._lane
+        yield GaugeMetricFamily(
+            "mixgate_job_intake_in_flight", "Job submissions in intake", value=lane.in_flight
+        )
+        yield GaugeMetricFamily(
+            "mixgate_job_intake_parked", "Job submissions waiting for a slot", value=lane.parked
+        )
+        yield GaugeMetricFamily(
+            "mixgate_job_intake_limit",
+            "Job submissions allowed at once now",
+            value=lane.current_limit(),
+        )
+        yield GaugeMetricFamily(
+            "mixgate_chats_awaiting_first_token",
+            "Chats between their handler's start and their first text (bulk intake yields)",
+            value=lane.chats_waiting,
+        )
 
 
 class _RuntimeCollector(Collector):

@@ -41,7 +41,7 @@ async def create_job(request: Request) -> Response:
     require_redis(state)
     require_ready(state)
     principal = authenticate(request, state)
-    async with state.job_intake:
+    async with state.intake_lane.bulk():
         return await _create_job(request, state, principal)
 
 

@@ -16,6 +16,7 @@ import structlog
 from starlette.responses import StreamingResponse
 
 from gateway.admission.intake import Admitted
+from gateway.admission.intake_lane import ChatTicket
 from gateway.dispatch.local_delivery import Listener
 from gateway.dispatch.resume_grace import start_grace
 from gateway.dispatch.stream_event import DELTA, END, ERROR
@@ -64,6 +65,12 @@ class SseAnswer:
         self.state, self.admitted, self.listener, self.tenant = state, admitted, listener, tenant
         self.shape = shape
         self.with_timings = False
+        # Wall clock when the handler began (None for a resume): the timings' intake_s.
+        self.received_s: float | None = None
+        # Wall clock when the first text chunk was handed to the response: delivery_s.
+        self.first_text_written_s: float | None = None
+        # An interactive stream's place in the intake lane, released at its first text.
+        self.chat_ticket: ChatTicket | None = None
         self.usage_in_every_chunk = False
         self.completion_tokens = 0
         # False for a resume from a Last-Event-ID: the client has the role chunk already.
@@ -102,12 +109,15 @@ class SseAnswer:
                     self.completion_tokens += len(event.data.get("token_ids", ()))
                     if event.data["text"]:
                         chunk = shape.text_chunk(admitted, event.data["text"])
+                        if self.first_text_written_s is None:
+                            self.first_text_written_s = time.time()
+                            self._release_ticket()
                         yield self._with_usage(chunk, event_id=event_id)
                 elif event.kind == END:
                     last = shape.finish_chunk(admitted, event.data["finish_reason"])
                     if self.with_timings:
                         # Opt-in extension (load generators): server-side queue delay and TTFT.
-                        last["mixgate_timings"] = event.data.get("timings")
+                        last["mixgate_timings"] = self._timings(event.data.get("timings"))
                     # One write for the event's frames and [DONE] (below): a client that has
                     # its id has had all of them, so a resume after it misses nothing.
                     tail = self._with_usage(last, event.data["usage"], event_id)
@@ -119,9 +129,30 @@ class SseAnswer:
             yield tail + b"data: [DONE]\n\n"
             finished = True
         finally:
+            self._release_ticket()
             self._leave(finished)
             if not finished and not self.listener.resumable:
                 await cancel_request(self.state, admitted.job_id, self.tenant)
+
+    def _release_ticket(self) -> None:
+        if self.chat_ticket is not None:
+            self.chat_ticket.release()
+
+    def _timings(self, engine_timings: dict[str, Any] | None) -> dict[str, Any] | None:
+        """The END event's timings plus this handler's own two, both wall clock:
+        ``intake_s`` (handler start -> admitted: auth, parse, tokenize, admission, enqueue) and
+        ``delivery_s`` (first text sampled -> its chunk handed to the response), in ms steps
+        (admission's time is kept in ms)."""
+        if engine_timings is None:
+            return None
+        timings = dict(engine_timings)
+        admitted_s = self.admitted.enqueue_ms / 1000.0
+        if self.received_s is not None:
+            timings["intake_s"] = max(0.0, admitted_s - self.received_s)
+        text_ttft_s = timings.get("text_ttft_s")
+        if self.first_text_written_s is not None and isinstance(text_ttft_s, int | float):
+            timings["delivery_s"] = max(0.0, self.first_text_written_s - admitted_s - text_ttft_s)
+        return timings
 
     def _leave(self, finished: bool) -> None:
         """Stop listening; a resumable stream left unfinished is abandoned (no await before:

@@ -12,6 +12,7 @@ import redis.asyncio as aioredis
 from engine.core.step_record import LoadSnapshot
 from engine.process.async_engine import AsyncEngine
 from engine.text.tokenizer import Tokenizer
+from gateway.admission.intake_lane import IntakeLane
 from gateway.admission.service import AdmissionService
 from gateway.dispatch.dispatcher import Dispatcher
 from gateway.dispatch.token_stream import TokenStreams
@@ -52,11 +53,16 @@ class GatewayState:
     startup_error: str | None = None
     # Why a started engine stopped running (its process died), for /readyz.
     engine_death: str | None = None
-    # Bounds the job submissions in intake at once (settings.job_intake_concurrency).
-    job_intake: asyncio.Semaphore = field(init=False)
+    # Bounds the job submissions in intake at once, fewer while a chat waits for its first
+    # token (settings.job_intake_concurrency and ..._while_chats_wait).
+    intake_lane: IntakeLane = field(init=False)
 
     def __post_init__(self) -> None:
-        self.job_intake = asyncio.Semaphore(self.settings.job_intake_concurrency)
+        self.intake_lane = IntakeLane(
+            self.settings.job_intake_concurrency,
+            self.settings.job_intake_concurrency_while_chats_wait,
+            self.settings.chat_intake_hold_max_s,
+        )
 
     def not_ready_reasons(self) -> list[str]:
         reasons = []

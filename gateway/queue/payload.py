@@ -68,7 +68,11 @@ class JobPayload:
         )
 
     def generation_request(
-        self, request_id: str, request_class: RequestClass, arrival_s: float | None
+        self,
+        request_id: str,
+        request_class: RequestClass,
+        arrival_s: float | None,
+        handed_s: float | None = None,
     ) -> GenerationRequest:
         return GenerationRequest(
             request_id=request_id,
@@ -76,6 +80,7 @@ class JobPayload:
             sampling=self.sampling,
             request_class=request_class,
             arrival_s=arrival_s,
+            handed_s=handed_s,
         )
 
     @property

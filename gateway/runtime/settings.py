@@ -56,6 +56,12 @@ class Settings:
     # on the event loop and every await of a chat request queues behind all of them (chats sent
     # during such a burst waited seconds for their first token).
     job_intake_concurrency: int = 16
+    # ... and while a chat waits for its first token (gateway/admission/intake_lane.py; at
+    # most job_intake_concurrency).
+    job_intake_concurrency_while_chats_wait: int = 2
+    # The longest one chat holds bulk intake at that lower limit (a chat whose first text
+    # never comes, say its client left before its body began, must not hold it for good).
+    chat_intake_hold_max_s: float = 1.0
     # A request body must arrive within this (all of it): a slow-loris client gets 408.
     body_read_timeout_s: float = 30.0
     # Token streams stay readable this long after they end (late readers, resumes).
@@ -127,8 +133,7 @@ class Settings:
             raise ValueError("max_attempts must be at least 1")
         if self.max_body_bytes < 1024:
             raise ValueError("max_body_bytes must be at least 1024")
-        if self.job_intake_concurrency < 1:
-            raise ValueError("job_intake_concurrency must be at least 1")
+        self._check_intake_limits()
         if self.policy not in {p.value for p in SchedulingPolicy}:
             raise ValueError(f"unknown policy {self.policy!r}: fcfs, priority or mixgate")
         if self.decode_graphs not in ("auto", "off"):
@@ -141,6 +146,14 @@ class Settings:
         self._check_batch_limits()
         if "{" not in self.key_prefix or "}" not in self.key_prefix:
             raise ValueError("key_prefix must contain a {hash tag} (Redis Cluster slots)")
+
+    def _check_intake_limits(self) -> None:
+        if self.job_intake_concurrency < 1:
+            raise ValueError("job_intake_concurrency must be at least 1")
+        if self.job_intake_concurrency_while_chats_wait < 1:
+            raise ValueError("job_intake_concurrency_while_chats_wait must be at least 1")
+        if self.chat_intake_hold_max_s <= 0:
+            raise ValueError("chat_intake_hold_max_s must be positive")
 
     def _check_redis_timeouts(self) -> None:
         timeouts = (
@@ -207,6 +220,7 @@ _INTS = {
     "max_attempts",
     "max_body_bytes",
     "job_intake_concurrency",
+    "job_intake_concurrency_while_chats_wait",
     "stream_ttl_s",
     "num_threads",
     "kv_cache_bytes",
@@ -216,6 +230,7 @@ _INTS = {
     "batch_max_queued_lines",
 }
 _FLOATS = {
+    "chat_intake_hold_max_s",
     "lease_s",
     "stream_idle_timeout_s",
     "stream_resume_grace_s",

@@ -181,6 +181,28 @@ def test_the_slowest_chats_are_listed_with_what_each_waited_for() -> None:
     assert first["gateway_s"] == pytest.approx(0.01)
 
 
+def test_queueing_splits_into_dispatch_accept_and_engine_queue() -> None:
+    # 90 ms queued: 30 ms to the engine, 20 ms into its core, so 40 ms in its scheduler. A
+    # chat whose server reported no split has None parts and is left out of the means.
+    split = ChatTimes(0.2, (), server_ttft_s=0.15, server_queue_s=0.09,
+                      server_dispatch_s=0.03, server_accept_s=0.02, request_id="split")  # fmt: skip
+    unsplit = ChatTimes(0.1, (), server_ttft_s=0.05, server_queue_s=0.01, request_id="plain")
+    # A dispatch past queue_s (a clock edge) is clamped to it: the parts still sum to queue_s.
+    edge = ChatTimes(0.05, (), server_ttft_s=0.02, server_queue_s=0.01,
+                     server_dispatch_s=0.015, server_accept_s=0.001, request_id="edge")  # fmt: skip
+    report = breakdown([split, unsplit, edge], _counters())
+    listed = {chat["request_id"]: chat for chat in report["slowest_chats"]}
+    first = listed["split"]
+    assert (first["dispatch_s"], first["accept_s"], first["engine_queue_s"]) == pytest.approx(
+        (0.03, 0.02, 0.04)
+    )
+    assert listed["plain"]["dispatch_s"] is None and listed["plain"]["engine_queue_s"] is None
+    assert (listed["edge"]["dispatch_s"], listed["edge"]["accept_s"]) == pytest.approx((0.01, 0))
+    assert listed["edge"]["engine_queue_s"] == pytest.approx(0.0)
+    means = report["queueing_split_s"]
+    assert means == pytest.approx({"dispatch": 0.02, "accept": 0.01, "engine_queue": 0.02})
+
+
 def test_named_parts_larger_than_the_total_are_scaled_down_to_it() -> None:
     parts = split_total(0.01, {"a": 0.02, "b": 0.02})
     assert parts == pytest.approx({"a": 0.005, "b": 0.005, "other_gateway": 0.0})

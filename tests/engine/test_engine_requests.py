@@ -310,6 +310,28 @@ def test_request_metrics_are_ordered_with_one_time_per_token(tiny_model_dir: Pat
     assert all(o.metrics is None for o in result.outputs[:-1])
 
 
+def test_queue_delay_splits_into_dispatch_accept_and_the_schedulers_wait(
+    tiny_model_dir: Path,
+) -> None:
+    # The gateway admitted at t=-5 and handed it over at t=-2; the engine took it in at its
+    # next clock reading (0) and scheduled it after.
+    ticks = itertools.count()
+    engine = _engine(tiny_model_dir, clock=lambda: float(next(ticks)))
+    request = GenerationRequest(
+        "split", PROMPT, SamplingParams(max_tokens=2), arrival_s=-5.0, handed_s=-2.0
+    )
+    metrics = _run(engine, request).final.metrics
+    assert metrics is not None and metrics.queue_delay_s is not None
+    assert (metrics.dispatch_s, metrics.accept_s) == (3.0, 2.0)
+    assert metrics.accepted_s is not None and metrics.first_scheduled_s is not None
+    assert metrics.first_scheduled_s > metrics.accepted_s
+    assert metrics.queue_delay_s == 3.0 + 2.0 + (metrics.first_scheduled_s - metrics.accepted_s)
+    # Not handed by a gateway: no split, though the engine still knows when it took it in.
+    plain = _run(engine, GenerationRequest("plain", PROMPT, SamplingParams(max_tokens=2)))
+    assert plain.final.metrics is not None
+    assert (plain.final.metrics.dispatch_s, plain.final.metrics.accept_s) == (None, None)
+
+
 def test_prefix_cache_hit_leaves_the_output_unchanged(tiny_model_dir: Path) -> None:
     shared = tuple((i * 7) % 256 for i in range(70))
     first = GenerationRequest("first", (*shared, 1, 2, 3), GREEDY)

@@ -273,6 +273,10 @@ async def test_jobs_of_both_classes_complete_once(
         assert result["finish_reason"] == events[-1].data["finish_reason"] == "length"
         timings = events[-1].data["timings"]
         assert 0 <= timings["queue_s"] <= timings["ttft_s"] <= timings["e2e_s"]
+        # The queue delay's first two parts: to the engine, and into the engine core.
+        assert timings["dispatch_s"] >= 0
+        assert timings["accept_s"] >= 0
+        assert timings["dispatch_s"] + timings["accept_s"] <= timings["queue_s"] + 1e-9
     for cls in (INT, B):
         assert dispatcher.counters.count(K.CLAIMED, cls) == 3
         assert dispatcher.counters.count(K.COMPLETED, cls) == 3

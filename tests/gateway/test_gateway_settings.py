@@ -22,6 +22,7 @@ def test_environment_sets_typed_values() -> None:
     assert Settings.from_env({}).paged_attention_kernel is True
     assert Settings.from_env({}).fused_elementwise_kernels is True
     assert settings.job_intake_concurrency == 4
+    assert settings.job_intake_concurrency_while_chats_wait == 2  # the default
     assert settings.body_read_timeout_s == 2.5
     assert settings.claimed_classes == frozenset({"bulk"})
 
@@ -30,6 +31,8 @@ def test_environment_sets_typed_values() -> None:
     ("name", "value"),
     [
         ("MIXGATE_JOB_INTAKE_CONCURRENCY", "0"),
+        ("MIXGATE_JOB_INTAKE_CONCURRENCY_WHILE_CHATS_WAIT", "0"),
+        ("MIXGATE_CHAT_INTAKE_HOLD_MAX_S", "0"),
         ("MIXGATE_BODY_READ_TIMEOUT_S", "0"),
         ("MIXGATE_CLAIM_CLASSES", "realtime"),
         ("MIXGATE_ENGINE", "tgi"),

@@ -198,7 +198,10 @@ class VllmAsyncEngine:
         now_s = self._clock()
         live = _Live(
             request=request,
-            metrics=RequestMetrics(arrival_s=request.arrival_s if request.arrival_s else now_s),
+            metrics=RequestMetrics(
+                arrival_s=request.arrival_s if request.arrival_s else now_s,
+                handed_s=request.handed_s,
+            ),
             detokenizer=(
                 IncrementalDetokenizer(
                     self.engine.tokenizer, request.prompt_token_ids, request.sampling.stop
@@ -307,6 +310,10 @@ class VllmAsyncEngine:
             scheduled = getattr(out.metrics, "scheduled_ts", 0.0) if out.metrics else 0.0
             # vLLM stamps scheduled_ts on the same monotonic clock (another process, one host).
             metrics.first_scheduled_s = scheduled if 0 < scheduled <= now_s else now_s
+            # Queued in vLLM's engine core: when it took the request in.
+            queued = getattr(out.metrics, "queued_ts", 0.0) if out.metrics else 0.0
+            if 0 < queued <= metrics.first_scheduled_s:
+                metrics.accepted_s = queued
         metrics.token_times_s.extend([now_s] * len(tokens))
         live.num_output_tokens += len(tokens)
         reason = completion.finish_reason if out.finished else None
