@@ -317,7 +317,7 @@ class _IntakeCollector(Collector):
         )
         yield GaugeMetricFamily(
             "mixgate_chats_awaiting_first_token",
-            "Chats between their handler's start and their first text (bulk intake yields)",
+            "Chats between their admission and their first text (bulk intake yields to them)",
             value=lane.chats_waiting,
         )
 
