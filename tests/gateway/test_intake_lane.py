@@ -29,6 +29,17 @@ class _Holder:
             await self.release.wait()
 
 
+async def _one_in(
+    limit: int, limit_while_chats_wait: int, max_chat_wait_s: float = 1.0
+) -> tuple[IntakeLane, list[str], _Holder]:
+    """A lane with submission s0 holding a slot."""
+    lane = IntakeLane(limit, limit_while_chats_wait, max_chat_wait_s)
+    entered: list[str] = []
+    first = _Holder(lane, "s0", entered)
+    await first.inside.wait()
+    return lane, entered, first
+
+
 async def _settle() -> None:
     # Let every ready task run to its next await (each hop is one loop turn).
     for _ in range(5):
@@ -55,10 +66,7 @@ async def test_slots_up_to_the_limit_then_arrival_order() -> None:
 
 @pytest.mark.anyio
 async def test_a_waiting_chat_lowers_the_limit_until_its_ticket_is_released() -> None:
-    lane = IntakeLane(limit=3, limit_while_chats_wait=1)
-    entered: list[str] = []
-    first = _Holder(lane, "s0", entered)
-    await first.inside.wait()
+    lane, entered, first = await _one_in(limit=3, limit_while_chats_wait=1)
     ticket = lane.chat_arrived()
     assert lane.current_limit() == 1
     later = [_Holder(lane, f"s{i}", entered) for i in (1, 2)]
@@ -77,10 +85,7 @@ async def test_a_waiting_chat_lowers_the_limit_until_its_ticket_is_released() ->
 
 @pytest.mark.anyio
 async def test_a_ticket_never_released_expires_after_max_chat_wait() -> None:
-    lane = IntakeLane(limit=2, limit_while_chats_wait=1, max_chat_wait_s=0.01)
-    entered: list[str] = []
-    first = _Holder(lane, "s0", entered)
-    await first.inside.wait()
+    lane, entered, first = await _one_in(limit=2, limit_while_chats_wait=1, max_chat_wait_s=0.01)
     ticket = lane.chat_arrived()
     second = _Holder(lane, "s1", entered)
     await _settle()
@@ -95,10 +100,7 @@ async def test_a_ticket_never_released_expires_after_max_chat_wait() -> None:
 
 @pytest.mark.anyio
 async def test_a_parked_submission_that_is_cancelled_leaves_no_slot_taken() -> None:
-    lane = IntakeLane(limit=1, limit_while_chats_wait=1)
-    entered: list[str] = []
-    first = _Holder(lane, "s0", entered)
-    await first.inside.wait()
+    lane, entered, first = await _one_in(limit=1, limit_while_chats_wait=1)
     gone = _Holder(lane, "gone", entered)
     third = _Holder(lane, "s2", entered)
     await _settle()
