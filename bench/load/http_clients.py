@@ -240,8 +240,8 @@ class HttpSender:
         timings = chunk.get("mixgate_timings")
         if isinstance(timings, dict) and timings.get("queue_s") is not None:
             record.queue_delay_s = float(timings["queue_s"])
-            record.dispatch_s = timings.get("dispatch_s")
-            record.accept_s = timings.get("accept_s")
+            record.server_dispatch_s = timings.get("dispatch_s")
+            record.server_accept_s = timings.get("accept_s")
         return state.cancel_after is not None and state.content_chunks >= state.cancel_after
 
     # ---- bulk: submit and poll -----------------------------------------------------------
@@ -292,8 +292,8 @@ def _job_finished(job: dict[str, Any], record: RequestRecord, age_s: float) -> b
         timings = job.get("timings") or {}
         record.ttft_s = timings.get("ttft_s")
         record.queue_delay_s = timings.get("queue_s")
-        record.dispatch_s = timings.get("dispatch_s")
-        record.accept_s = timings.get("accept_s")
+        record.server_dispatch_s = timings.get("dispatch_s")
+        record.server_accept_s = timings.get("accept_s")
         # The server's e2e is exact; the client's is quantized by the poll interval.
         record.e2e_s = timings.get("e2e_s", age_s)
         usage = (job.get("response") or {}).get("usage") or {}

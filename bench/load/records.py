@@ -37,8 +37,8 @@ class RequestRecord:
     queue_delay_s: float | None = None
     # Its first two parts, where the server said: admission -> handed to the engine, and
     # handed -> taken in by the engine core (the rest waited in the engine's scheduler).
-    dispatch_s: float | None = None
-    accept_s: float | None = None
+    server_dispatch_s: float | None = None
+    server_accept_s: float | None = None
     # Client-side for interactive (request sent -> first content); server-side for bulk jobs.
     ttft_s: float | None = None
     # Gaps between content chunks (interactive only).
