@@ -9,6 +9,7 @@ Clocks are passed in too (`now_ms`), never read here or in Lua, so tests control
 from __future__ import annotations
 
 import json
+import secrets
 from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from importlib import resources
@@ -44,6 +45,17 @@ _Arg = str | int
 
 # Jobs read by one call of statuses.lua (a slice of a larger read).
 STATUS_READS_PER_SCRIPT = 512
+
+# A started job's first lease token, drawn here rather than from the fence counter (start.lua):
+# above any count of claims the counter will reach, and below 2^53 so that Lua, whose numbers
+# are doubles, reads it exactly.
+FIRST_LEASE_TOKEN_MIN = 1 << 52
+FIRST_LEASE_TOKEN_MAX = (1 << 53) - 1
+
+
+def first_lease_token() -> int:
+    return FIRST_LEASE_TOKEN_MIN + secrets.randbelow(FIRST_LEASE_TOKEN_MAX - FIRST_LEASE_TOKEN_MIN)
+
 
 _SCRIPTS = (
     "admit",
@@ -159,10 +171,9 @@ class QueueStore:
             k.job(job.job_id),
             k.pending(job.request_class),
             k.inflight,
-            k.fence,
             k.tenant_jobs(job.tenant),
         ]
-        args: list[_Arg] = [*job.admit_args(), now_ms, lease_ms, replica_id]
+        args: list[_Arg] = [*job.admit_args(), now_ms, lease_ms, replica_id, first_lease_token()]
         token, expiry_ms = await self._scripts["start"](keys=keys, args=args)
         if int(token) == 0:
             return None

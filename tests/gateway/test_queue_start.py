@@ -13,6 +13,7 @@ import pytest
 import redis.asyncio as aioredis
 
 from gateway.queue import JobRecord, JobStatus, Keys, NewJob, QueueStore
+from gateway.queue.store import FIRST_LEASE_TOKEN_MAX, FIRST_LEASE_TOKEN_MIN
 from policies.request_class import RequestClass
 
 pytestmark = pytest.mark.anyio
@@ -114,6 +115,28 @@ async def test_a_started_job_keeps_every_lease_guarantee(store: QueueStore) -> N
     assert not await store.complete("s", token, JobStatus.COMPLETED, "{}", None, T0 + 3)
     assert await store.complete("s", again.lease_token, JobStatus.COMPLETED, "{}", None, T0 + 3)
     assert not await store.complete("s", again.lease_token, JobStatus.COMPLETED, "{}", None, 0)
+
+
+async def test_a_start_draws_its_first_lease_token_itself_above_every_claimed_one(
+    store: QueueStore, client: aioredis.Redis
+) -> None:
+    # The fence counter at a value no claim count reaches in practice: the started token is
+    # still above it, so a later claim's token can never repeat it.
+    await client.set(store.keys.fence, FIRST_LEASE_TOKEN_MIN - 2)
+    first = await store.start(_job("a"), T0, LEASE_MS, "r1")
+    second = await store.start(_job("b"), T0, LEASE_MS, "r1")
+    assert first is not None and second is not None
+    for started in (first, second):
+        assert FIRST_LEASE_TOKEN_MIN <= started.lease_token <= FIRST_LEASE_TOKEN_MAX
+        # Stored digit for digit (Lua reads numbers as doubles: exact below 2^53).
+        stored = await client.hget(store.keys.job(started.job.job_id), "lease_token")
+        assert stored == str(started.lease_token)
+    assert first.lease_token != second.lease_token
+    # The starts left the counter alone (one command fewer per chat than a claim's INCR).
+    assert int(await client.get(store.keys.fence)) == FIRST_LEASE_TOKEN_MIN - 2
+    await store.admit(_job("c"))
+    claimed = (await store.claim([INT], T0 + 1, LEASE_MS, "r1", OFFSETS_MS)).claimed
+    assert claimed is not None and claimed.lease_token == FIRST_LEASE_TOKEN_MIN - 1
 
 
 async def test_a_started_stream_that_sent_tokens_is_failed_not_retried(
