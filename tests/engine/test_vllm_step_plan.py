@@ -104,7 +104,6 @@ def test_under_mixgate_a_chat_prompt_takes_the_budget_left_in_one_step() -> None
             Path("m"),
             EngineConfig(step_token_budget=512, bulk_prefill_chunk_tokens=128),
             max_model_len=4096,
-            on_cpu=True,
         )["additional_config"]
     )
     assert knobs.prefill_chunk_tokens == 512
@@ -211,7 +210,7 @@ def test_the_envelope_maps_onto_vllm_arguments(policy: str, tmp_path: object) ->
         kv_cache_bytes=1 << 24,
         scheduling_policy=policy,
     )
-    kwargs = engine_kwargs(tmp_path, config, max_model_len=512, on_cpu=True)  # type: ignore[arg-type]
+    kwargs = engine_kwargs(tmp_path, config, max_model_len=512)  # type: ignore[arg-type]
     if policy == "mixgate":
         # Admission capped at the envelope's slots; runner room for interactive overcommit.
         assert kwargs["max_num_active_seqs"] == 8

@@ -53,9 +53,6 @@ CONFIG = EngineConfig(
     dtype="float32",
     device="cpu",
     num_threads=2,
-    # Each forward's threads set by mixgate's worker (engine.backends.vllm.worker), as under
-    # `mixgate serve`: the exactness tests below run through it.
-    adapt_threads=True,
     scheduling_policy="mixgate",
 )
 PROMPTS = [
@@ -181,16 +178,6 @@ async def test_the_engine_core_process_spins_as_briefly_as_the_native_one(
 ) -> None:
     setting = f"GOMP_SPINCOUNT={ENGINE_GOMP_SPINCOUNT}".encode()
     assert any(setting in environ for environ in _child_environments())
-
-
-async def test_the_worker_sets_each_forwards_threads_up_to_the_bound_ones(
-    engine: VllmAsyncEngine,
-) -> None:
-    await collect(engine, request("threads", PROMPTS[1], 4, RequestClass.INTERACTIVE))
-    # vLLM's worker process runs mixgate's worker class; it has run forwards and governs them
-    # within the 2 threads vLLM bound (the count it runs on moves with the load on the cores).
-    [(threads, most, drops)] = await engine._llm.collective_rpc("mixgate_thread_counts")
-    assert most == 2 and 1 <= threads <= most, drops
 
 
 async def test_abort_frees_the_request_in_vllm(engine: VllmAsyncEngine) -> None:

@@ -15,7 +15,6 @@ Pure mapping (no vLLM import) so it is tested without vLLM installed:
 | scheduling_policy fcfs        | scheduling_policy="fcfs"                                 |
 | kv_cache_bytes                | kv_cache_memory_bytes                                    |
 | num_threads                   | VLLM_CPU_OMP_THREADS_BIND=0-(n-1), no reserved core      |
-| adapt_threads (on CPU)        | worker_cls GovernedCPUWorker: each forward's threads     |
 | dtype, max_model_len, prefix  | dtype, max_model_len, enable_prefix_caching              |
 """
 
@@ -44,7 +43,6 @@ INSTALL_HINT = (
     "install vllm), or run scripts/setup-vllm and start mixgate from .venv-vllm/bin/"
 )
 SCHEDULER_CLS = "engine.backends.vllm.scheduler.ClassAwareScheduler"
-WORKER_CLS = "engine.backends.vllm.worker.GovernedCPUWorker"
 
 
 class VllmNotInstalledError(RuntimeError):
@@ -94,11 +92,8 @@ def _request_chunk_tokens(config: EngineConfig) -> int:
     return config.bulk_prefill_chunk_tokens
 
 
-def engine_kwargs(
-    model_dir: Path, config: EngineConfig, max_model_len: int, *, on_cpu: bool
-) -> dict[str, Any]:
-    """AsyncEngineArgs keyword arguments for `config` on the model folder; `on_cpu`: the
-    device it resolves to is the CPU."""
+def engine_kwargs(model_dir: Path, config: EngineConfig, max_model_len: int) -> dict[str, Any]:
+    """AsyncEngineArgs keyword arguments for `config` on the model folder."""
     policy = config.scheduling_policy
     kwargs: dict[str, Any] = {
         "model": str(model_dir),
@@ -122,8 +117,6 @@ def engine_kwargs(
         "enable_logging_iteration_details": True,
         "disable_log_stats": False,
     }
-    if config.adapt_threads and on_cpu:
-        kwargs["worker_cls"] = WORKER_CLS
     if policy == "mixgate":
         kwargs["scheduler_cls"] = SCHEDULER_CLS
         # The envelope's slots cap admission; the runner has room for as many again, which

@@ -33,7 +33,6 @@ from engine.backends.vllm.args import (
 from engine.backends.vllm.stats import VllmStatsTracker, stat_logger_factory
 from engine.core.config import EngineConfig
 from engine.core.errors import EngineDeadError, RequestValidationError
-from engine.core.llm_engine import resolve_device
 from engine.core.request import GenerationRequest, RequestMetrics, RequestOutput
 from engine.core.request_limits import check_request_limits
 from engine.core.step_record import LoadSnapshot
@@ -125,10 +124,7 @@ class VllmAsyncEngine:
         # vLLM's engine-core process inherits this environment: its OpenMP threads spin as
         # briefly as the native engine's (engine/process/omp_wait.py).
         os.environ.update(omp_wait_settings(os.environ))
-        on_cpu = resolve_device(self.config.device).type == "cpu"
-        kwargs = engine_kwargs(
-            self.model_dir, self.config, self.engine.max_model_len, on_cpu=on_cpu
-        )
+        kwargs = engine_kwargs(self.model_dir, self.config, self.engine.max_model_len)
         self._llm = await asyncio.to_thread(self._build, kwargs)
 
     def _build(self, kwargs: dict[str, Any]) -> Any:
