@@ -47,14 +47,18 @@ _Arg = str | int
 STATUS_READS_PER_SCRIPT = 512
 
 # A started job's first lease token, drawn here rather than from the fence counter (start.lua):
-# above any count of claims the counter will reach, and below 2^53 so that Lua, whose numbers
-# are doubles, reads it exactly.
+# above any count of claims the counter will reach. The scripts keep tokens as strings and
+# compare them for equality; the bound below 2^53 keeps one exact for any reader that parses it
+# as a double (Lua's tonumber, a JSON client).
 FIRST_LEASE_TOKEN_MIN = 1 << 52
 FIRST_LEASE_TOKEN_MAX = (1 << 53) - 1
 
 
 def first_lease_token() -> int:
-    return FIRST_LEASE_TOKEN_MIN + secrets.randbelow(FIRST_LEASE_TOKEN_MAX - FIRST_LEASE_TOKEN_MIN)
+    """Uniform over [FIRST_LEASE_TOKEN_MIN, FIRST_LEASE_TOKEN_MAX]."""
+    return FIRST_LEASE_TOKEN_MIN + secrets.randbelow(
+        FIRST_LEASE_TOKEN_MAX - FIRST_LEASE_TOKEN_MIN + 1
+    )
 
 
 _SCRIPTS = (

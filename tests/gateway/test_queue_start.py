@@ -128,7 +128,7 @@ async def test_a_start_draws_its_first_lease_token_itself_above_every_claimed_on
     assert first is not None and second is not None
     for started in (first, second):
         assert FIRST_LEASE_TOKEN_MIN <= started.lease_token <= FIRST_LEASE_TOKEN_MAX
-        # Stored digit for digit (Lua reads numbers as doubles: exact below 2^53).
+        # Stored digit for digit, as the string that renew and complete compare with.
         stored = await client.hget(store.keys.job(started.job.job_id), "lease_token")
         assert stored == str(started.lease_token)
     assert first.lease_token != second.lease_token
