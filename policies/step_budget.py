@@ -17,7 +17,8 @@ In the native engine such a step carries no bulk decodes either, nor aged bulk's
 (`defers_bulk`), and never two steps in a row: the step after it carries the guarantee it
 skipped on top of its own (`bulk_carried_tokens`), so a flood of chats slows bulk decodes to
 every other step at worst and aged bulk still gets its share over any two steps (the vLLM
-backend defers bulk prefill only, its decodes stay: docs/ARCHITECTURE.md, "Scheduling model").
+backend keeps its decodes in a chat's prefill step, and holds them only while a chat's first
+token made no text, up to four steps in a row: docs/ARCHITECTURE.md, "Scheduling model").
 """
 
 from __future__ import annotations

@@ -139,7 +139,7 @@ def test_a_waiting_interactive_prompt_holds_back_partial_bulk_chunks() -> None:
     knobs = StepKnobs(64, 32, 48, 0.75, 5.0)
     running = [item(0, BULK, 600, age_s=6.0), item(1, BULK, 600, age_s=6.0)]
     waiting = [item(2, INTER, 100)]
-    plan = compose_step(running, waiting, knobs, deferred_last_step=True)
+    plan = compose_step(running, waiting, knobs, deferred_steps_in_a_row=1)
     # 48 tokens of bulk allowance = one whole 32-token chunk; the waiting prompt gets the rest.
     assert plan.running_order == (0,)
     assert plan.held_back == frozenset({1})
@@ -190,14 +190,16 @@ def test_aged_bulk_is_guaranteed_its_min_share_over_any_two_steps() -> None:
         running,
         waiting,
         KNOBS,
-        deferred_last_step=first.deferred_bulk,
+        deferred_steps_in_a_row=first.deferred_steps_in_a_row,
         bulk_carried_tokens=first.carried_bulk_tokens,
     )
     assert not second.deferred_bulk and second.carried_bulk_tokens == 0
     assert second.bulk_prefill_tokens >= 32
     assert second.interactive_prefill_tokens < first.interactive_prefill_tokens
     # And the step after that may defer again: bulk runs at least every other step.
-    third = compose_step(running, waiting, KNOBS, deferred_last_step=second.deferred_bulk)
+    third = compose_step(
+        running, waiting, KNOBS, deferred_steps_in_a_row=second.deferred_steps_in_a_row
+    )
     assert third.deferred_bulk and third.bulk_prefill_tokens == 0
 
 

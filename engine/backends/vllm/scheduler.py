@@ -70,8 +70,8 @@ class ClassAwareScheduler(Scheduler):  # type: ignore[misc]
         self.mixgate_knobs = knobs_from_config(self.vllm_config.additional_config)
         self.mixgate_presence = InteractivePresence(self.mixgate_knobs.interactive_linger_s)
         self.mixgate_first_text = load_watch(self.vllm_config.model_config.model)
-        # The last step's composition: whether it deferred aged bulk, and what it carried.
-        self.mixgate_deferred_last_step = False
+        # The last step's composition: how many steps in a row deferred bulk, what they carried.
+        self.mixgate_deferred_steps_in_a_row = 0
         self.mixgate_carried_bulk_tokens = 0
 
     def _awaits_first_text(self, running: list[Any]) -> bool:
@@ -106,11 +106,11 @@ class ClassAwareScheduler(Scheduler):  # type: ignore[misc]
             waiting,
             self.mixgate_knobs,
             interactive_present=present,
-            deferred_last_step=self.mixgate_deferred_last_step,
+            deferred_steps_in_a_row=self.mixgate_deferred_steps_in_a_row,
             bulk_carried_tokens=self.mixgate_carried_bulk_tokens,
             interactive_awaits_first_text=self._awaits_first_text(running),
         )
-        self.mixgate_deferred_last_step = plan.deferred_bulk
+        self.mixgate_deferred_steps_in_a_row = plan.deferred_steps_in_a_row
         self.mixgate_carried_bulk_tokens = plan.carried_bulk_tokens
         held = [running[i] for i in sorted(plan.held_back)]
         saved = (self.max_num_scheduled_tokens, self.max_num_running_reqs, self.max_num_active_reqs)

@@ -17,10 +17,11 @@ aged bulk work is guaranteed its minimum share; with no interactive request in t
 budget (work-conserving, as plain vLLM). A step that runs a chat's prefill takes no bulk
 prefill (`bulk_prefill_cap_after_interactive`), aged bulk's guarantee included unless the step
 before deferred it too (`defers_bulk`; the guarantee moves to the next step, which the caller
-passes back as `bulk_carried_tokens`); so does every other step while a chat's sampled tokens
-have made no text yet (`interactive_awaits_first_text`). Unlike the native engine, the bulk
-decodes stay in those steps (docs/ARCHITECTURE.md, "Scheduling model"). Pure: no vLLM, no
-clock (ages are passed in).
+passes back as `bulk_carried_tokens`). While a chat's sampled tokens have made no text yet
+(`interactive_awaits_first_text`), up to `FIRST_TEXT_DEFERRALS_IN_A_ROW` steps in a row take
+no bulk at all, its decodes held back too, and then one takes bulk again. Unlike the native
+engine, a chat's prefill step keeps the bulk decodes (docs/ARCHITECTURE.md, "Scheduling
+model"). Pure: no vLLM, no clock (ages are passed in).
 """
 
 from __future__ import annotations
@@ -38,6 +39,7 @@ from policies.step_budget import (
 )
 
 __all__ = [
+    "FIRST_TEXT_DEFERRALS_IN_A_ROW",
     "StepComposition",
     "StepKnobs",
     "WorkItem",
@@ -46,6 +48,15 @@ __all__ = [
     "interactive_in_engine",
     "knobs_from_config",
 ]
+
+
+# The most steps in a row (the chat's prefill step included) that take no bulk prefill while a
+# chat's sampled tokens make no text yet. A byte-level tokenizer spends up to 4 tokens on one
+# UTF-8 character, one a step: with deferral every other step, such a chat's first text waited
+# 26-30 ms behind bulk-chunk steps after its first token (`mixed`, `small`, 2-vCPU AMD EPYC,
+# the run's slowest chat in every repeat). Such steps hold the bulk decodes back too
+# (`compose_step`); a stop string held back longer than that still lets bulk in every fifth step.
+FIRST_TEXT_DEFERRALS_IN_A_ROW = 4
 
 
 @dataclass(frozen=True, slots=True)
@@ -119,6 +130,9 @@ class StepComposition:
     # tokens the next step pays on top of its own (its `bulk_carried_tokens`).
     deferred_bulk: bool = False
     carried_bulk_tokens: int = 0
+    # Steps in a row, this one included, that deferred bulk (0: this one did not): the next
+    # step's `deferred_steps_in_a_row`.
+    deferred_steps_in_a_row: int = 0
     # Whether a waiting bulk request may start this step: only when the running bulk prefills
     # shown leave some of bulk's allowance (`admission_limit(admit_bulk=...)`).
     admits_waiting_bulk: bool = True
@@ -151,7 +165,7 @@ def compose_step(
     knobs: StepKnobs,
     *,
     interactive_present: bool | None = None,
-    deferred_last_step: bool = False,
+    deferred_steps_in_a_row: int = 0,
     bulk_carried_tokens: int = 0,
     interactive_awaits_first_text: bool = False,
 ) -> StepComposition:
@@ -159,8 +173,8 @@ def compose_step(
 
     `interactive_present`: whether the bulk cap treats interactive work as present (the
     caller's `policies.interactive_presence`, which counts a recent request too); None: only
-    what is in the engine now. `deferred_last_step`, `bulk_carried_tokens`: the previous
-    step's `deferred_bulk` and `carried_bulk_tokens`. `interactive_awaits_first_text`: a
+    what is in the engine now. `deferred_steps_in_a_row`, `bulk_carried_tokens`: the previous
+    step's `deferred_steps_in_a_row` and `carried_bulk_tokens`. `interactive_awaits_first_text`: a
     running chat has sampled tokens that made no text yet (`first_text.FirstTextWatch`)."""
     inter, bulk = RequestClass.INTERACTIVE, RequestClass.BULK
     decodes = {
@@ -170,15 +184,28 @@ def compose_step(
         c: [r for r in running if r.request_class is c and not r.is_decode] for c in (inter, bulk)
     }
     waiting_by = {c: [r for r in waiting if r.request_class is c] for c in (inter, bulk)}
-    decode_tokens = len(decodes[inter]) + len(decodes[bulk])
     demand = {c: sum(_chunk(r, knobs) for r in prefills[c] + waiting_by[c]) for c in (inter, bulk)}
     bulk_aged = any(r.age_s >= knobs.bulk_aging_s for r in prefills[bulk] + waiting_by[bulk])
     if interactive_present is None:
         interactive_present = interactive_in_engine(running, waiting)
-    defer = defers_bulk(
-        first_token_pending=demand[inter] > 0 or interactive_awaits_first_text,
-        deferred_last_step=deferred_last_step,
-    )
+    if demand[inter] > 0:
+        defer = defers_bulk(
+            first_token_pending=True, deferred_last_step=deferred_steps_in_a_row > 0
+        )
+    else:
+        defer = (
+            interactive_awaits_first_text
+            and deferred_steps_in_a_row < FIRST_TEXT_DEFERRALS_IN_A_ROW
+        )
+    # A step that only waits for a chat's first text holds the bulk decodes back too: it is a
+    # few chat decodes long instead of every bulk decode's. Held-back requests leave vLLM's
+    # persistent batch for the step (re-added after it), a cost paid per chat on every chat's
+    # prefill step (bulk 10-15% lower end to end), but here only by the few chats whose first
+    # token made no text.
+    held_decodes = decodes[bulk] if defer and demand[inter] == 0 else []
+    if held_decodes:
+        decodes[bulk] = []
+    decode_tokens = len(decodes[inter]) + len(decodes[bulk])
     plan = plan_step_budget(
         step_token_budget=knobs.step_token_budget,
         interactive_decode_tokens=len(decodes[inter]),
@@ -216,7 +243,10 @@ def compose_step(
     # is left (a shared system prompt makes that every chat's prefill step).
     admits_waiting_bulk = sum(_chunk(r, knobs) for r in shown_bulk) < bulk_tokens
     shown = {r.key for r in shown_inter + shown_bulk}
-    held = frozenset(r.key for r in prefills[inter] + prefills[bulk] if r.key not in shown)
+    held = frozenset(
+        [r.key for r in prefills[inter] + prefills[bulk] if r.key not in shown]
+        + [r.key for r in held_decodes]
+    )
     order = decodes[inter] + decodes[bulk] + shown_inter + shown_bulk
     return StepComposition(
         running_order=tuple(r.key for r in order),
@@ -229,12 +259,18 @@ def compose_step(
         bulk_prefill_tokens=bulk_tokens,
         bulk_aged=bulk_aged,
         deferred_bulk=defer,
-        carried_bulk_tokens=carried_bulk_tokens(
-            step_token_budget=knobs.step_token_budget,
-            bulk_min_share=knobs.bulk_min_share,
-            deferred=defer,
-            bulk_aged=bulk_aged,
+        # A deferring step pays none of what the steps before it carried: it carries it on.
+        carried_bulk_tokens=min(
+            knobs.step_token_budget,
+            carried_bulk_tokens(
+                step_token_budget=knobs.step_token_budget,
+                bulk_min_share=knobs.bulk_min_share,
+                deferred=defer,
+                bulk_aged=bulk_aged,
+            )
+            + (bulk_carried_tokens if defer else 0),
         ),
+        deferred_steps_in_a_row=deferred_steps_in_a_row + 1 if defer else 0,
         admits_waiting_bulk=admits_waiting_bulk,
     )
 
