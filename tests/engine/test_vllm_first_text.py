@@ -9,6 +9,7 @@ import pytest
 from engine.backends.vllm.first_text import FirstTextWatch, load_watch
 from engine.backends.vllm.step_plan import (
     FIRST_TEXT_DEFERRALS_IN_A_ROW,
+    StepComposition,
     StepKnobs,
     WorkItem,
     compose_step,
@@ -60,11 +61,33 @@ def test_a_folder_without_a_tokenizer_has_no_watch(tmp_path: Path) -> None:
     assert load_watch(tmp_path) is None
 
 
+def _chat_over_bulk(bulk_age_s: float) -> tuple[list[WorkItem], list[WorkItem]]:
+    """16 bulk decodes and a decoding chat (99) running, 8 bulk prompts waiting."""
+    inter, bulk = RequestClass.INTERACTIVE, RequestClass.BULK
+    running = [WorkItem(k, bulk, 1, bulk_age_s) for k in range(16)] + [WorkItem(99, inter, 1, 0.0)]
+    waiting = [WorkItem(100 + k, bulk, 900, bulk_age_s) for k in range(8)]
+    return running, waiting
+
+
+def _awaiting_first_text(
+    knobs: StepKnobs, bulk_age_s: float, in_a_row: int, carried_tokens: int = 0
+) -> StepComposition:
+    """The next step while the chat's tokens have made no text yet."""
+    running, waiting = _chat_over_bulk(bulk_age_s)
+    return compose_step(
+        running,
+        waiting,
+        knobs,
+        interactive_present=True,
+        interactive_awaits_first_text=True,
+        deferred_steps_in_a_row=in_a_row,
+        bulk_carried_tokens=carried_tokens,
+    )
+
+
 def test_bulk_prefill_waits_up_to_four_steps_in_a_row_while_a_chat_awaits_its_first_text() -> None:
     knobs = StepKnobs(512, 512, 128, 0.2, 5.0)
-    inter, bulk = RequestClass.INTERACTIVE, RequestClass.BULK
-    running = [WorkItem(k, bulk, 1, 0.0) for k in range(16)] + [WorkItem(99, inter, 1, 0.0)]
-    waiting = [WorkItem(100 + k, bulk, 900, 0.0) for k in range(8)]
+    running, waiting = _chat_over_bulk(0.0)
     shown = compose_step(running, waiting, knobs, interactive_present=True)
     assert shown.bulk_prefill_tokens == 128 and not shown.deferred_bulk
     assert shown.deferred_steps_in_a_row == 0
@@ -72,14 +95,7 @@ def test_bulk_prefill_waits_up_to_four_steps_in_a_row_while_a_chat_awaits_its_fi
     # up to four in a row.
     in_a_row = 1
     for expected in (2, 3, 4):
-        awaiting = compose_step(
-            running,
-            waiting,
-            knobs,
-            interactive_present=True,
-            interactive_awaits_first_text=True,
-            deferred_steps_in_a_row=in_a_row,
-        )
+        awaiting = _awaiting_first_text(knobs, 0.0, in_a_row)
         assert awaiting.deferred_bulk and awaiting.bulk_prefill_tokens == 0
         # The chat's decode alone: the bulk decodes sit the step out (they keep their slots).
         assert awaiting.token_budget == 1
@@ -89,54 +105,27 @@ def test_bulk_prefill_waits_up_to_four_steps_in_a_row_while_a_chat_awaits_its_fi
         assert awaiting.deferred_steps_in_a_row == expected
         in_a_row = awaiting.deferred_steps_in_a_row
     # The fifth lets bulk prefill in, whatever the chat still awaits.
-    fifth = compose_step(
-        running,
-        waiting,
-        knobs,
-        interactive_present=True,
-        interactive_awaits_first_text=True,
-        deferred_steps_in_a_row=in_a_row,
-    )
+    fifth = _awaiting_first_text(knobs, 0.0, in_a_row)
     assert in_a_row == FIRST_TEXT_DEFERRALS_IN_A_ROW
     assert not fifth.deferred_bulk and fifth.bulk_prefill_tokens == 128
     assert fifth.deferred_steps_in_a_row == 0
     assert fifth.held_back == frozenset() and fifth.running_order[:17] == (99, *range(16))
     # A chat's own prefill step defers bulk prefill but keeps the bulk decodes.
-    prefill = compose_step(
-        running[:16], [*waiting, WorkItem(98, inter, 150, 0.0)], knobs, interactive_present=True
-    )
+    chat = WorkItem(98, RequestClass.INTERACTIVE, 150, 0.0)
+    prefill = compose_step(running[:16], [*waiting, chat], knobs, interactive_present=True)
     assert prefill.deferred_bulk and prefill.running_order == tuple(range(16))
     assert prefill.held_back == frozenset() and prefill.token_budget == 16 + 150
 
 
 def test_deferred_steps_in_a_row_carry_aged_bulk_guarantee_on_until_one_pays_it() -> None:
     knobs = StepKnobs(512, 512, 128, 0.25, 5.0)  # aged bulk's guarantee: 128 tokens a step
-    inter, bulk = RequestClass.INTERACTIVE, RequestClass.BULK
-    running = [WorkItem(k, bulk, 1, 9.0) for k in range(16)] + [WorkItem(99, inter, 1, 0.0)]
-    waiting = [WorkItem(100 + k, bulk, 900, 9.0) for k in range(8)]
     carried, in_a_row = 128, 1  # what the chat's prefill step left
     for _ in range(3):
-        step = compose_step(
-            running,
-            waiting,
-            knobs,
-            interactive_present=True,
-            interactive_awaits_first_text=True,
-            deferred_steps_in_a_row=in_a_row,
-            bulk_carried_tokens=carried,
-        )
+        step = _awaiting_first_text(knobs, 9.0, in_a_row, carried)
         assert step.deferred_bulk and step.bulk_prefill_tokens == 0
         assert step.carried_bulk_tokens == min(512, carried + 128)
         carried, in_a_row = step.carried_bulk_tokens, step.deferred_steps_in_a_row
-    paying = compose_step(
-        running,
-        waiting,
-        knobs,
-        interactive_present=True,
-        interactive_awaits_first_text=True,
-        deferred_steps_in_a_row=in_a_row,
-        bulk_carried_tokens=carried,
-    )
+    paying = _awaiting_first_text(knobs, 9.0, in_a_row, carried)
     # The step budget bounds what one step pays: all of it that the decodes leave.
     assert not paying.deferred_bulk and paying.carried_bulk_tokens == 0
     assert paying.bulk_prefill_tokens == 512 - 17
