@@ -25,7 +25,7 @@ from redis.exceptions import ResponseError
 
 from engine.core.config import EngineConfig
 from engine.core.llm_engine import LLMEngine
-from engine.core.request import RequestOutput
+from engine.core.request import GenerationRequest, RequestOutput
 from engine.core.sampling_params import SamplingParams
 from engine.process.async_engine import AsyncEngine
 from gateway.dispatch.config import DispatcherConfig
@@ -186,17 +186,31 @@ def _blocks_free_now(engine: AsyncEngine) -> bool:
 
 @pytest.fixture
 def hold_steps(engine: AsyncEngine, monkeypatch: pytest.MonkeyPatch) -> Iterator[StepHold]:
-    """`hold(n)`: once n requests have each produced a token, the engine thread takes no
-    further step until something is aborted or the returned `release()` is called, so which
-    jobs are still running at that point does not depend on how fast the engine thread runs
-    against the test's event loop."""
+    """`hold(n)`: the engine thread takes no step until n requests are in it, and once each has
+    produced a token it takes no further step until something is aborted or the returned
+    `release()` is called, so which jobs are still running at that point does not depend on
+    how fast the engine thread runs against the test's event loop. (Holding only the second
+    part, a 40-token job claimed first could finish before the last one was handed over: a CI
+    run saw finished 2, not 3.)"""
     release = threading.Event()
     real_step, real_abort = engine.engine.step, engine.abort
+    real_add = engine.engine.add_request
+    wakeup = engine._wakeup  # noqa: SLF001 - set by every submission to the engine thread
 
     def hold(requests: int) -> Callable[[], None]:
+        added: set[str] = set()
         with_tokens: set[str] = set()
 
+        def add_request(request: GenerationRequest) -> None:
+            real_add(request)
+            added.add(request.request_id)
+
         def step() -> list[RequestOutput]:
+            if len(added) < requests:
+                # Wait for the next submission; the engine loop adds it before its next step.
+                wakeup.wait()
+                wakeup.clear()
+                return []
             if len(with_tokens) >= requests:
                 release.wait()
             outputs = real_step()
@@ -207,13 +221,16 @@ def hold_steps(engine: AsyncEngine, monkeypatch: pytest.MonkeyPatch) -> Iterator
             release.set()
             real_abort(request_id)
 
+        monkeypatch.setattr(engine.engine, "add_request", add_request)
         monkeypatch.setattr(engine.engine, "step", step)
         monkeypatch.setattr(engine, "abort", abort)
         return release.set
 
     yield hold
-    # Never leave the module's engine thread waiting (a failed test may not have aborted).
+    # Never leave the module's engine thread waiting (a failed test may not have aborted, or
+    # not have handed every job over).
     release.set()
+    wakeup.set()
 
 
 async def _all_blocks_free(engine: AsyncEngine, within_s: float = 30.0) -> bool:
