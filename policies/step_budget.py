@@ -101,10 +101,21 @@ def bulk_prefill_cap_after_interactive(
 
 
 def carried_bulk_tokens(
-    *, step_token_budget: int, bulk_min_share: float, deferred: bool, bulk_aged: bool
+    *,
+    step_token_budget: int,
+    bulk_min_share: float,
+    deferred: bool,
+    bulk_aged: bool,
+    carried_in_tokens: int = 0,
 ) -> int:
-    """What a step that deferred aged bulk leaves the next one to pay (`bulk_carried_tokens`)."""
-    return bulk_guarantee_tokens(step_token_budget, bulk_min_share) if deferred and bulk_aged else 0
+    """What a step that deferred bulk leaves the next one to pay (`bulk_carried_tokens`): its own
+    guarantee if bulk is aged, on top of what the steps before it carried in
+    (`carried_in_tokens`), which a deferring step does not pay either; at most one step's
+    budget. A step that does not defer pays it all and carries nothing."""
+    if not deferred:
+        return 0
+    own = bulk_guarantee_tokens(step_token_budget, bulk_min_share) if bulk_aged else 0
+    return min(step_token_budget, own + carried_in_tokens)
 
 
 def defers_bulk(*, first_token_pending: bool, deferred_last_step: bool) -> bool:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from engine.core.config import EngineConfig
 from engine.core.scheduler_output import SchedulerOutput
+from policies.step_budget import carried_bulk_tokens
 from tests.engine.test_scheduler_invariants import BULK, INTERACTIVE, Harness
 
 
@@ -97,3 +98,20 @@ def test_a_chat_whose_tokens_make_no_text_yet_defers_bulk_every_other_step() -> 
     assert decodes == [0, 4, 0, 4]  # prefill, then decodes with no text: still every other
     chat.awaits_first_text = False
     assert [_bulk_decodes(h.step()) for _ in range(2)] == [4, 4]
+
+
+def test_a_deferring_step_carries_on_what_earlier_steps_carried_up_to_one_budget() -> None:
+    def carried(deferred: bool, aged: bool, carried_in: int) -> int:
+        return carried_bulk_tokens(
+            step_token_budget=512,
+            bulk_min_share=0.25,
+            deferred=deferred,
+            bulk_aged=aged,
+            carried_in_tokens=carried_in,
+        )
+
+    assert carried(True, True, 0) == 128
+    assert carried(True, True, 128) == 256
+    assert carried(True, False, 128) == 128  # nothing aged this step: only what came in
+    assert carried(True, True, 448) == 512  # one step's budget at most
+    assert carried(False, True, 256) == 0  # a step that does not defer pays it all

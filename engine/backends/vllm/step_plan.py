@@ -126,9 +126,7 @@ class StepComposition:
     interactive_prefill_tokens: int
     bulk_prefill_tokens: int
     bulk_aged: bool
-    # Whether this step left aged bulk's guarantee to the next one (`defers_bulk`), and the
-    # tokens the next step pays on top of its own (its `bulk_carried_tokens`).
-    deferred_bulk: bool = False
+    # The tokens of aged bulk's guarantee this step left to the next (its `bulk_carried_tokens`).
     carried_bulk_tokens: int = 0
     # Steps in a row, this one included, that deferred bulk (0: this one did not): the next
     # step's `deferred_steps_in_a_row`.
@@ -136,6 +134,11 @@ class StepComposition:
     # Whether a waiting bulk request may start this step: only when the running bulk prefills
     # shown leave some of bulk's allowance (`admission_limit(admit_bulk=...)`).
     admits_waiting_bulk: bool = True
+
+    @property
+    def deferred_bulk(self) -> bool:
+        """Whether this step left bulk out for a chat's first token or text (`defers_bulk`)."""
+        return self.deferred_steps_in_a_row > 0
 
 
 def _chunk(item: WorkItem, knobs: StepKnobs) -> int:
@@ -258,17 +261,12 @@ def compose_step(
         interactive_prefill_tokens=inter_tokens,
         bulk_prefill_tokens=bulk_tokens,
         bulk_aged=bulk_aged,
-        deferred_bulk=defer,
-        # A deferring step pays none of what the steps before it carried: it carries it on.
-        carried_bulk_tokens=min(
-            knobs.step_token_budget,
-            carried_bulk_tokens(
-                step_token_budget=knobs.step_token_budget,
-                bulk_min_share=knobs.bulk_min_share,
-                deferred=defer,
-                bulk_aged=bulk_aged,
-            )
-            + (bulk_carried_tokens if defer else 0),
+        carried_bulk_tokens=carried_bulk_tokens(
+            step_token_budget=knobs.step_token_budget,
+            bulk_min_share=knobs.bulk_min_share,
+            deferred=defer,
+            bulk_aged=bulk_aged,
+            carried_in_tokens=bulk_carried_tokens,
         ),
         deferred_steps_in_a_row=deferred_steps_in_a_row + 1 if defer else 0,
         admits_waiting_bulk=admits_waiting_bulk,
