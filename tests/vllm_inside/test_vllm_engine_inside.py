@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import os
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 
 import pytest
@@ -25,8 +25,10 @@ from engine.core.config import EngineConfig  # noqa: E402
 from engine.core.llm_engine import LLMEngine  # noqa: E402
 from engine.core.request import GenerationRequest, RequestOutput  # noqa: E402
 from engine.core.sampling_params import SamplingParams  # noqa: E402
+from engine.core.step_record import StepRecord  # noqa: E402
 from engine.model.make_model import make_model  # noqa: E402
 from engine.process.omp_wait import ENGINE_GOMP_SPINCOUNT  # noqa: E402
+from gateway.http.metrics import engine_step_records  # noqa: E402
 from policies.request_class import RequestClass  # noqa: E402
 
 pytestmark = [
@@ -116,6 +118,28 @@ def _bulk_prompts(offset: int) -> list[tuple[int, ...]]:
     return [tuple((i * k + offset) % 250 + 1 for i in range(200)) for k in (3, 5, 11)]
 
 
+async def _records_until(
+    engine: VllmAsyncEngine, first_step: int, enough: Callable[[list[StepRecord]], bool]
+) -> list[StepRecord]:
+    """The step records from `first_step` on, once `enough` of them have come in.
+
+    NOTE: the scheduler sends a step's record before that step's outputs, but on a socket of
+    its own: the gateway may read the outputs first, so a test waits for the records it needs.
+    """
+    arrived = asyncio.Event()
+    engine.add_step_listener(lambda _notice: arrived.set())
+    while True:
+        records = [r for r in engine._stats.history.records if r.step_index >= first_step]
+        if enough(records):
+            return records
+        arrived.clear()
+        await asyncio.wait_for(arrived.wait(), timeout=60)
+
+
+def _tokens(records: list[StepRecord], request_class: RequestClass, kind: str) -> int:
+    return sum(r.tokens_by_kind.get((request_class, kind), 0) for r in records)
+
+
 async def _bulk_prefill_per_step(engine: VllmAsyncEngine, tag: str, offset: int) -> list[int]:
     """Prefill tokens of each step while three 200-token bulk prompts run."""
     first_step = engine.load().steps
@@ -126,7 +150,10 @@ async def _bulk_prefill_per_step(engine: VllmAsyncEngine, tag: str, offset: int)
         )
     )
     assert all(outputs[-1].finished for outputs in results)
-    records = [r for r in engine._stats.history.records if r.step_index >= first_step]
+    # Each request's second token is a decode: the records are in once all three are.
+    records = await _records_until(
+        engine, first_step, lambda got: _tokens(got, RequestClass.BULK, "decode") >= 3
+    )
     return [r.tokens_of("prefill") for r in records]
 
 
@@ -155,6 +182,36 @@ async def test_bulk_prefill_is_not_capped_with_no_interactive_request_once_the_c
     # Work-conserving: with nobody to protect, the three prompts share the step budget
     # (vLLM's per-request chunk of 16 each), as plain vLLM runs them.
     assert max(prefill) > BULK_CHUNK_TOKENS
+
+
+async def test_each_steps_tokens_are_recorded_by_class_and_kind(engine: VllmAsyncEngine) -> None:
+    """The class-aware scheduler's records reach the gateway with the class split that vLLM's
+    own step counts lack: every prompt token as its class's prefill, every later token as a
+    decode (the first output token is sampled by the prompt's last chunk)."""
+    chat_prompt, bulk_prompt = tuple(range(3, 60)), _bulk_prompts(offset=29)[0]
+    engine_step_records(engine)  # /metrics' first read: it listens from here on
+    first_step = engine.load().steps
+    chat, bulk = await asyncio.gather(
+        collect(engine, request("split-chat", chat_prompt, 6, RequestClass.INTERACTIVE)),
+        collect(engine, request("split-bulk", bulk_prompt, 9, RequestClass.BULK)),
+    )
+    assert chat[-1].finish_reason == bulk[-1].finish_reason == "length"
+
+    def all_in(records: list[StepRecord]) -> bool:
+        return (
+            _tokens(records, RequestClass.INTERACTIVE, "decode") >= 5
+            and _tokens(records, RequestClass.BULK, "decode") >= 8
+        )
+
+    records = await _records_until(engine, first_step, all_in)
+    assert _tokens(records, RequestClass.INTERACTIVE, "prefill") == len(chat_prompt)
+    assert _tokens(records, RequestClass.BULK, "prefill") == len(bulk_prompt)
+    assert _tokens(records, RequestClass.INTERACTIVE, "decode") == 5
+    assert _tokens(records, RequestClass.BULK, "decode") == 8
+    # In order, none lost, each timed, and /metrics reads the same records.
+    assert [r.step_index for r in records] == list(range(first_step, first_step + len(records)))
+    assert all(r.duration_s > 0 for r in records)
+    assert records[-1] in engine_step_records(engine)
 
 
 def _child_environments() -> list[list[bytes]]:

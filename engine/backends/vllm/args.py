@@ -92,8 +92,13 @@ def _request_chunk_tokens(config: EngineConfig) -> int:
     return config.bulk_prefill_chunk_tokens
 
 
-def engine_kwargs(model_dir: Path, config: EngineConfig, max_model_len: int) -> dict[str, Any]:
-    """AsyncEngineArgs keyword arguments for `config` on the model folder."""
+def engine_kwargs(
+    model_dir: Path, config: EngineConfig, max_model_len: int, *, step_sink: str | None = None
+) -> dict[str, Any]:
+    """AsyncEngineArgs keyword arguments for `config` on the model folder.
+
+    `step_sink`: where the class-aware scheduler pushes its step records
+    (`engine.backends.vllm.step_channel`); only the `mixgate` policy has that scheduler."""
     policy = config.scheduling_policy
     kwargs: dict[str, Any] = {
         "model": str(model_dir),
@@ -113,8 +118,9 @@ def engine_kwargs(model_dir: Path, config: EngineConfig, max_model_len: int) -> 
         # NOTE: eager start-up is ~27 s on 2 cores against 40-50 s compiled; steps of small
         # models on CPU gain little from compilation.
         "enforce_eager": True,
-        # Per-step token counts and durations feed admission's measured rates.
-        "enable_logging_iteration_details": True,
+        # Per-step token counts and durations feed admission's measured rates; under the mixgate
+        # policy the class-aware scheduler sends its own, split by class (step_channel).
+        "enable_logging_iteration_details": policy != "mixgate",
         "disable_log_stats": False,
     }
     if policy == "mixgate":
@@ -131,6 +137,7 @@ def engine_kwargs(model_dir: Path, config: EngineConfig, max_model_len: int) -> 
                 "bulk_min_share": config.bulk_min_share,
                 "bulk_aging_s": config.bulk_aging_s,
                 "interactive_linger_s": config.interactive_linger_s,
+                "step_sink": step_sink,
             }
         }
     return kwargs

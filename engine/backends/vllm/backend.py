@@ -31,11 +31,12 @@ from engine.backends.vllm.args import (
     vllm_environment,
 )
 from engine.backends.vllm.stats import VllmStatsTracker, stat_logger_factory
+from engine.backends.vllm.step_channel import StepNotice, StepReceiver, cancel_quietly
 from engine.core.config import EngineConfig
 from engine.core.errors import EngineDeadError, RequestValidationError
 from engine.core.request import GenerationRequest, RequestMetrics, RequestOutput
 from engine.core.request_limits import check_request_limits
-from engine.core.step_record import LoadSnapshot
+from engine.core.step_record import LoadSnapshot, StepRecord
 from engine.model.config import ModelConfig
 from engine.process.omp_wait import omp_wait_settings
 from engine.text.detokenizer import IncrementalDetokenizer
@@ -100,7 +101,13 @@ class VllmAsyncEngine:
         self.config = config
         self.engine = VllmEngineInfo(self.model_dir, config, clock)
         self._clock = clock
-        self._stats = VllmStatsTracker(clock)
+        # Under the mixgate policy the class-aware scheduler sends each step's record, split by
+        # class (step_channel); the other policies keep vLLM's own per-step counts.
+        self._steps_from_scheduler = config.scheduling_policy == "mixgate"
+        self._stats = VllmStatsTracker(clock, records_steps=not self._steps_from_scheduler)
+        self._step_receiver: StepReceiver | None = None
+        self._step_task: asyncio.Task[None] | None = None
+        self._step_listeners: list[Callable[[StepNotice], None]] = []
         self._live: dict[str, _Live] = {}
         self._llm: Any = None
         self._stopping = False
@@ -124,8 +131,34 @@ class VllmAsyncEngine:
         # vLLM's engine-core process inherits this environment: its OpenMP threads spin as
         # briefly as the native engine's (engine/process/omp_wait.py).
         os.environ.update(omp_wait_settings(os.environ))
-        kwargs = engine_kwargs(self.model_dir, self.config, self.engine.max_model_len)
-        self._llm = await asyncio.to_thread(self._build, kwargs)
+        if self._steps_from_scheduler:
+            self._step_receiver = StepReceiver()
+        sink = self._step_receiver.address if self._step_receiver is not None else None
+        kwargs = engine_kwargs(
+            self.model_dir, self.config, self.engine.max_model_len, step_sink=sink
+        )
+        try:
+            self._llm = await asyncio.to_thread(self._build, kwargs)
+        except BaseException:
+            self._close_step_receiver()
+            raise
+        if self._step_receiver is not None:
+            self._step_task = asyncio.create_task(self._step_receiver.run(self._on_step))
+
+    def add_step_listener(self, listener: Callable[[StepNotice], None]) -> None:
+        """Call `listener` with each step's record as it comes in (/metrics, the console)."""
+        self._step_listeners.append(listener)
+
+    def _on_step(self, record: StepRecord) -> None:
+        self._stats.history.add(record)
+        notice = StepNotice((record,))
+        for listener in self._step_listeners:
+            listener(notice)
+
+    def _close_step_receiver(self) -> None:
+        if self._step_receiver is not None:
+            self._step_receiver.close()
+            self._step_receiver = None
 
     def _build(self, kwargs: dict[str, Any]) -> Any:
         from vllm.engine.arg_utils import AsyncEngineArgs
@@ -147,6 +180,9 @@ class VllmAsyncEngine:
                 with contextlib.suppress(Exception):
                     await asyncio.wait_for(self._llm.abort(ids), timeout=5.0)
             await asyncio.to_thread(self._llm.shutdown)
+        await cancel_quietly(self._step_task)
+        self._step_task = None
+        self._close_step_receiver()
 
     def load(self) -> LoadSnapshot:
         """vLLM's own KV usage, step rates and request counts; the class split is ours.

@@ -11,8 +11,10 @@ admission cap (`max_num_active_seqs`); each step the cap rises by the interactiv
 (`engine.backends.vllm.step_plan.admission_limit`), so a chat never waits for a bulk request to
 finish.
 
-The knobs come from `additional_config["mixgate"]` (see `engine.backends.vllm.args`). Import this
-only where vLLM is installed.
+Each step's record (tokens by class and kind, its time: `engine.backends.vllm.step_records`) goes
+to the gateway over `engine.backends.vllm.step_channel` when `additional_config["mixgate"]` names
+a `step_sink`. The knobs come from `additional_config["mixgate"]` (see
+`engine.backends.vllm.args`). Import this only where vLLM is installed.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from typing import Any
 from vllm.v1.core.sched.scheduler import Scheduler
 
 from engine.backends.vllm.first_text import load_watch
+from engine.backends.vllm.step_channel import StepSender
 from engine.backends.vllm.step_plan import (
     WorkItem,
     admission_limit,
@@ -30,6 +33,7 @@ from engine.backends.vllm.step_plan import (
     interactive_in_engine,
     knobs_from_config,
 )
+from engine.backends.vllm.step_records import StepRecorder
 from policies.interactive_presence import InteractivePresence
 from policies.request_class import RequestClass
 
@@ -64,6 +68,8 @@ class ClassAwareScheduler(Scheduler):  # type: ignore[misc]
     max_num_scheduled_tokens: int
     max_num_running_reqs: int
     max_num_active_reqs: int
+    requests: dict[str, Any]
+    kv_cache_manager: Any
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -73,6 +79,9 @@ class ClassAwareScheduler(Scheduler):  # type: ignore[misc]
         # The last step's composition: how many steps in a row deferred bulk, what they carried.
         self.mixgate_deferred_steps_in_a_row = 0
         self.mixgate_carried_bulk_tokens = 0
+        self.mixgate_recorder = StepRecorder()
+        sink = dict(self.vllm_config.additional_config or {})["mixgate"].get("step_sink")
+        self.mixgate_step_sender = StepSender(sink) if sink else None
 
     def _awaits_first_text(self, running: list[Any]) -> bool:
         """Whether a running chat has sampled tokens that made no text yet."""
@@ -90,12 +99,37 @@ class ClassAwareScheduler(Scheduler):  # type: ignore[misc]
         return any(awaiting)
 
     def update_from_output(self, *args: Any, **kwargs: Any) -> Any:
+        # Sent before the step's outputs are made: its record reaches the gateway ahead of them.
+        record = self.mixgate_recorder.ended(time.monotonic())
+        if record is not None and self.mixgate_step_sender is not None:
+            self.mixgate_step_sender.send(record)
         try:
             return super().update_from_output(*args, **kwargs)
         finally:
             self.mixgate_presence.step_ended(time.time())
 
+    def shutdown(self) -> None:
+        try:
+            super().shutdown()
+        finally:
+            if self.mixgate_step_sender is not None:
+                self.mixgate_step_sender.close()
+
     def schedule(self, *args: Any, **kwargs: Any) -> Any:
+        started_s = time.monotonic()
+        output = self._composed_schedule(*args, **kwargs)
+        self.mixgate_recorder.scheduled(
+            started_s=started_s,
+            scheduled_tokens=output.num_scheduled_tokens,
+            requests=self.requests,
+            running=self.running,
+            waiting=self.waiting,
+            kv_usage=float(self.kv_cache_manager.usage),
+            num_preemptions=len(output.preempted_req_ids or ()),
+        )
+        return output
+
+    def _composed_schedule(self, *args: Any, **kwargs: Any) -> Any:
         now_s = time.time()
         running = list(self.running)
         items = [_work_item(i, r, now_s) for i, r in enumerate(running)]

@@ -3,7 +3,9 @@
 vLLM's engine core sends `SchedulerStats` (requests running and waiting, KV usage, the step's
 prefill and decode token counts and its duration when iteration details are on) and
 `IterationStats` (preemptions) with its outputs; the front end hands them to stat loggers.
-`VllmStatsTracker` is fed by such a logger and keeps what `LoadSnapshot` needs.
+`VllmStatsTracker` is fed by such a logger and keeps what `LoadSnapshot` needs. Under the mixgate
+policy its step history is fed by the class-aware scheduler's own records instead
+(`engine.backends.vllm.step_channel`).
 """
 
 from __future__ import annotations
@@ -18,8 +20,11 @@ __all__ = ["VllmStatsTracker", "stat_logger_factory"]
 
 
 class VllmStatsTracker:
-    def __init__(self, clock: Callable[[], float]) -> None:
+    def __init__(self, clock: Callable[[], float], *, records_steps: bool = True) -> None:
+        """`records_steps` False: the step history is fed elsewhere (the class-aware scheduler's
+        own records, `engine.backends.vllm.step_channel`); only the counts are kept here."""
         self._clock = clock
+        self._records_steps = records_steps
         self.history = StepHistory()
         # vLLM's own counts, as of the last stats it sent.
         self.num_running = 0
@@ -36,11 +41,12 @@ class VllmStatsTracker:
         self.num_waiting = int(scheduler_stats.num_waiting_reqs)
         self.kv_usage = float(scheduler_stats.kv_cache_usage)
         details = scheduler_stats.iteration_details
-        if details is None or details.is_dummy:
+        if not self._records_steps or details is None or details.is_dummy:
             return
         duration_s = float(details.elapsed_ms) / 1000.0
-        # NOTE: vLLM's counts are per step, not per class; they go under bulk. Admission reads
-        # only the class-summed rates (StepHistory.rate_tokens_per_s).
+        # NOTE: vLLM's counts are per step, not per class; they go under bulk (only under the
+        # fcfs and priority policies: mixgate's scheduler sends its own per-class records).
+        # Admission reads only the class-summed rates (StepHistory.rate_tokens_per_s).
         self.history.add(
             StepRecord(
                 step_index=int(details.iteration_index),
