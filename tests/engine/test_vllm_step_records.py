@@ -148,3 +148,29 @@ def test_a_step_never_waits_for_a_gateway_that_is_not_reading(tmp_path: object) 
         assert sender.dropped == 10
     finally:
         sender.close()
+
+
+@pytest.mark.anyio
+async def test_a_failing_reader_of_one_record_does_not_stop_the_next() -> None:
+    receiver = StepReceiver()
+    got: list[StepRecord] = []
+    both_in = asyncio.Event()
+
+    def on_record(record: StepRecord) -> None:
+        if record.step_index == 0:
+            raise RuntimeError("a listener's bug")
+        got.append(record)
+        both_in.set()
+
+    task = asyncio.create_task(receiver.run(on_record))
+    sender = StepSender(receiver.address)
+    try:
+        sender.send(_record(0))
+        sender.send(_record(1))
+        await asyncio.wait_for(both_in.wait(), timeout=30)
+        assert got == [_record(1)]
+        assert not task.done()
+    finally:
+        sender.close()
+        await cancel_quietly(task)
+        receiver.close()

@@ -99,7 +99,8 @@ class ClassAwareScheduler(Scheduler):  # type: ignore[misc]
         return any(awaiting)
 
     def update_from_output(self, *args: Any, **kwargs: Any) -> Any:
-        # Sent before the step's outputs are made: its record reaches the gateway ahead of them.
+        # Sent before the step's outputs are made, so it is mostly in before them (on a socket
+        # of its own: not guaranteed).
         record = self.mixgate_recorder.ended(time.monotonic())
         if record is not None and self.mixgate_step_sender is not None:
             self.mixgate_step_sender.send(record)

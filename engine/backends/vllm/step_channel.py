@@ -21,12 +21,15 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import msgspec
+import structlog
 import zmq
 import zmq.asyncio
 
 from engine.core.step_record import StepRecord
 
 __all__ = ["StepNotice", "StepReceiver", "StepSender", "cancel_quietly"]
+
+log = structlog.get_logger("mixgate.engine")
 
 # Records the sender keeps queued for a slow (or not yet connected) reader before it drops new
 # ones: ~10 s of steps.
@@ -84,7 +87,11 @@ class StepReceiver:
                 record = self._decoder.decode(frame)
             except msgspec.DecodeError:
                 continue  # not a record (nothing else writes here): skip it, keep reading
-            on_record(record)
+            try:
+                on_record(record)
+            except Exception:
+                # One bad listener must not end the records for every other reader.
+                log.exception("vllm_step_record_failed", step_index=record.step_index)
 
     def close(self) -> None:
         self._socket.close(linger=0)

@@ -77,6 +77,9 @@ class _Pending:
 class StepRecorder:
     """Pairs each step's `schedule()` with its `update_from_output()` into a `StepRecord`.
 
+    Times are the engine-core process's `time.monotonic()`: the host's monotonic clock, which
+    the gateway's engine clock reads too (one host, any process).
+
     NOTE: a FIFO, not one slot: with a batch queue (pipeline parallelism, async scheduling)
     vLLM schedules the next step before the last one's output is in. Steps that scheduled no
     token (vLLM still calls both) are not recorded, as the native engine records none.
