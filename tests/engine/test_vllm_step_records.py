@@ -4,6 +4,8 @@ requests are stand-ins with vLLM `Request`'s attributes; the channel is real Zer
 from __future__ import annotations
 
 import asyncio
+import contextlib
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 
 import pytest
@@ -112,9 +114,22 @@ def _record(index: int) -> StepRecord:
     )
 
 
+@contextlib.asynccontextmanager
+async def _channel(on_record: Callable[[StepRecord], None]) -> AsyncIterator[StepSender]:
+    """A receiver reading into `on_record`, and a sender connected to it."""
+    receiver = StepReceiver()
+    task = asyncio.create_task(receiver.run(on_record))
+    sender = StepSender(receiver.address)
+    try:
+        yield sender
+    finally:
+        sender.close()
+        await cancel_quietly(task)
+        receiver.close()
+
+
 @pytest.mark.anyio
 async def test_records_sent_from_the_engine_core_arrive_whole_and_in_order() -> None:
-    receiver = StepReceiver()
     got: list[StepRecord] = []
     all_in = asyncio.Event()
 
@@ -123,19 +138,13 @@ async def test_records_sent_from_the_engine_core_arrive_whole_and_in_order() -> 
         if len(got) == 50:
             all_in.set()
 
-    task = asyncio.create_task(receiver.run(on_record))
-    sender = StepSender(receiver.address)
-    try:
+    async with _channel(on_record) as sender:
         sent = [_record(i) for i in range(50)]
         for record in sent:
             sender.send(record)
         await asyncio.wait_for(all_in.wait(), timeout=30)
         assert got == sent
         assert sender.dropped == 0
-    finally:
-        sender.close()
-        await cancel_quietly(task)
-        receiver.close()
 
 
 def test_a_step_never_waits_for_a_gateway_that_is_not_reading(tmp_path: object) -> None:
@@ -152,7 +161,6 @@ def test_a_step_never_waits_for_a_gateway_that_is_not_reading(tmp_path: object) 
 
 @pytest.mark.anyio
 async def test_a_failing_reader_of_one_record_does_not_stop_the_next() -> None:
-    receiver = StepReceiver()
     got: list[StepRecord] = []
     both_in = asyncio.Event()
 
@@ -162,15 +170,13 @@ async def test_a_failing_reader_of_one_record_does_not_stop_the_next() -> None:
         got.append(record)
         both_in.set()
 
-    task = asyncio.create_task(receiver.run(on_record))
-    sender = StepSender(receiver.address)
-    try:
+    async with _channel(on_record) as sender:
         sender.send(_record(0))
         sender.send(_record(1))
         await asyncio.wait_for(both_in.wait(), timeout=30)
         assert got == [_record(1)]
-        assert not task.done()
-    finally:
-        sender.close()
-        await cancel_quietly(task)
-        receiver.close()
+        # The reader is still running: a third record gets through too.
+        both_in.clear()
+        sender.send(_record(2))
+        await asyncio.wait_for(both_in.wait(), timeout=30)
+        assert got == [_record(1), _record(2)]

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import replace
 from typing import Any
 
 from engine.core.step_record import StepRecord
@@ -64,16 +64,6 @@ def _by_class(requests: Iterable[Any]) -> dict[RequestClass, int]:
     return counts
 
 
-@dataclass(frozen=True, slots=True)
-class _Pending:
-    started_s: float
-    tokens_by_kind: dict[tuple[RequestClass, str], int]
-    running_by_class: dict[RequestClass, int]
-    waiting_by_class: dict[RequestClass, int]
-    kv_usage: float
-    num_preemptions: int
-
-
 class StepRecorder:
     """Pairs each step's `schedule()` with its `update_from_output()` into a `StepRecord`.
 
@@ -86,7 +76,8 @@ class StepRecorder:
     """
 
     def __init__(self) -> None:
-        self._pending: deque[_Pending | None] = deque()
+        # Each scheduled step's record, its index and duration filled in when its output is in.
+        self._pending: deque[StepRecord | None] = deque()
         self._next_index = 0
 
     def scheduled(
@@ -106,8 +97,10 @@ class StepRecorder:
             self._pending.append(None)
             return
         self._pending.append(
-            _Pending(
+            StepRecord(
+                step_index=-1,
                 started_s=started_s,
+                duration_s=0.0,
                 tokens_by_kind=tokens,
                 running_by_class=_by_class(running),
                 waiting_by_class=_by_class(waiting),
@@ -124,15 +117,8 @@ class StepRecorder:
         pending = self._pending.popleft()
         if pending is None:
             return None
-        record = StepRecord(
-            step_index=self._next_index,
-            started_s=pending.started_s,
-            duration_s=max(0.0, now_s - pending.started_s),
-            tokens_by_kind=pending.tokens_by_kind,
-            running_by_class=pending.running_by_class,
-            waiting_by_class=pending.waiting_by_class,
-            kv_usage=pending.kv_usage,
-            num_preemptions=pending.num_preemptions,
+        record = replace(
+            pending, step_index=self._next_index, duration_s=max(0.0, now_s - pending.started_s)
         )
         self._next_index += 1
         return record
