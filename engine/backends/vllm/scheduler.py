@@ -79,9 +79,10 @@ class ClassAwareScheduler(Scheduler):  # type: ignore[misc]
         # The last step's composition: how many steps in a row deferred bulk, what they carried.
         self.mixgate_deferred_steps_in_a_row = 0
         self.mixgate_carried_bulk_tokens = 0
-        self.mixgate_recorder = StepRecorder()
+        # Steps are recorded only for a gateway that reads them: no per-step work otherwise.
         sink = dict(self.vllm_config.additional_config or {})["mixgate"].get("step_sink")
         self.mixgate_step_sender = StepSender(sink) if sink else None
+        self.mixgate_recorder = StepRecorder() if sink else None
 
     def _awaits_first_text(self, running: list[Any]) -> bool:
         """Whether a running chat has sampled tokens that made no text yet."""
@@ -101,9 +102,10 @@ class ClassAwareScheduler(Scheduler):  # type: ignore[misc]
     def update_from_output(self, *args: Any, **kwargs: Any) -> Any:
         # Sent before the step's outputs are made, so it is mostly in before them (on a socket
         # of its own: not guaranteed).
-        record = self.mixgate_recorder.ended(time.monotonic())
-        if record is not None and self.mixgate_step_sender is not None:
-            self.mixgate_step_sender.send(record)
+        if self.mixgate_recorder is not None and self.mixgate_step_sender is not None:
+            record = self.mixgate_recorder.ended(time.monotonic())
+            if record is not None:
+                self.mixgate_step_sender.send(record)
         try:
             return super().update_from_output(*args, **kwargs)
         finally:
@@ -119,6 +121,8 @@ class ClassAwareScheduler(Scheduler):  # type: ignore[misc]
     def schedule(self, *args: Any, **kwargs: Any) -> Any:
         started_s = time.monotonic()
         output = self._composed_schedule(*args, **kwargs)
+        if self.mixgate_recorder is None:
+            return output
         self.mixgate_recorder.scheduled(
             started_s=started_s,
             scheduled_tokens=output.num_scheduled_tokens,
