@@ -1,7 +1,8 @@
 """`mixgate bench breakdown`: drive a workload (default: chat-over-backlog) against a fresh
 `mixgate serve` and say where each chat's TTFT and ITL go: queueing, the engine (step time and
 its composition per class), Redis and event-loop lag (bench/gateway/breakdown_shares.py), plus
-admission's predicted TTFT against the measured one per class. Prints the shares as a table
+admission's predicted TTFT against the measured one per class, and for the slowest chats the
+engine steps each waited on (bench/gateway/breakdown_steps.py). Prints the shares as a table
 and writes JSON (``--json``, default OUT/breakdown.json) and the run folder (OUT/run).
 
     mixgate bench breakdown --out results/breakdown --threads 2
@@ -32,6 +33,7 @@ from bench.gateway.breakdown_sender import (
     redis_commandstats,
 )
 from bench.gateway.breakdown_shares import ChatTimes, RunCounters, breakdown
+from bench.gateway.breakdown_steps import StepTrace, attach_steps, describe_tokens
 from bench.live.compare import ensure_model
 from bench.live.processes import ServerProcess, redis_url
 from bench.live.run import model_name
@@ -65,6 +67,8 @@ def _chats(result: LoadResult) -> list[ChatTimes]:
                 server_accept_s=record.server_accept_s,
                 server_intake_s=record.server_intake_s,
                 server_delivery_s=record.server_delivery_s,
+                server_handed_at_s=record.server_handed_at_s,
+                server_first_token_at_s=record.server_first_token_at_s,
                 predicted_ttft_s=record.predicted_ttft_s,
                 request_id=record.request_id,
                 sent_s=record.sent_s,
@@ -118,9 +122,13 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
         try:
             with httpx.Client(base_url=server.url) as client:
                 before = _counters(client, redis)
-                result = asyncio.run(
-                    _drive(server.url, workload, model_name(server.url), args.drain_s)
-                )
+                trace = StepTrace(server.url).start()
+                try:
+                    result = asyncio.run(
+                        _drive(server.url, workload, model_name(server.url), args.drain_s)
+                    )
+                finally:
+                    steps = trace.stop()
                 delta = _counters(client, redis).minus(before)
         finally:
             server.stop()
@@ -138,6 +146,9 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
     )
     report = breakdown(_chats(result), counters, _bulk_pairs(result))
     report["engine"]["steps_unseen"] = delta.engine_steps_unseen
+    report["engine"]["steps_traced"] = len(steps)
+    report["engine"]["steps_missed_by_trace"] = trace.missed
+    attach_steps(report["slowest_chats"], steps)
     report["workload"] = workload.name
     report["policy"] = args.policy
     report["engine_backend"] = args.engine
@@ -222,6 +233,7 @@ def _print(report: dict[str, Any]) -> None:
             *(_ms(chat[key]) for key in columns.values()),
         )
     console.print(slowest)
+    _print_steps_behind(console, report["slowest_chats"])
     split = report["queueing_split_s"]
     split = {part: _ms(seconds) for part, seconds in report["queueing_split_s"].items()}
     console.print(
@@ -233,6 +245,26 @@ def _print(report: dict[str, Any]) -> None:
         f"redis: {redis['calls']} commands, {redis['usec_per_call']:.1f} µs each server-side; "
         f"event-loop lag mean {_ms(loop['lag_mean_s'])} ms over {loop['probes']} probes"
     )
+
+
+def _print_steps_behind(console: Console, slowest: list[dict[str, Any]]) -> None:
+    table = Table(
+        title="engine steps behind the slowest chats (from hand-off to first token; "
+        "start: ms after the hand-off)"
+    )
+    for column in ("chat", "step", "start", "ms", "tokens"):
+        table.add_column(column, justify="right" if column != "tokens" else "left")
+    for chat in slowest:
+        for step in chat.get("steps") or ():
+            table.add_row(
+                chat["request_id"],
+                str(step["step_index"]) + (" (in flight)" if step["in_flight"] else ""),
+                _ms(step["offset_s"]),
+                _ms(step["duration_s"]),
+                describe_tokens(step["tokens"]),
+            )
+    if table.row_count:
+        console.print(table)
 
 
 def run_breakdown(args: argparse.Namespace) -> int:

@@ -78,6 +78,9 @@ class ChatTimes:
     server_accept_s: float | None = None  # server: handed -> taken in by the engine core
     server_intake_s: float | None = None  # server: handler start -> admitted
     server_delivery_s: float | None = None  # server: first text sampled -> chunk written
+    # server: handed to the engine, first token sampled: instants on the engine's clock
+    server_handed_at_s: float | None = None
+    server_first_token_at_s: float | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -294,6 +297,9 @@ def breakdown(
                 "intake_s": chat.server_intake_s,
                 "delivery_s": chat.server_delivery_s,
                 "gateway_s": sum(gateway.values()),
+                # Instants on the engine's clock, to lay the chat against the engine's steps.
+                "handed_at_s": chat.server_handed_at_s,
+                "first_token_at_s": chat.server_first_token_at_s,
             }
             for total, chat, server, gateway in sorted(ttft_splits, key=lambda row: -row[0])[
                 :SLOWEST_CHATS

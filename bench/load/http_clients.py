@@ -242,6 +242,8 @@ class HttpSender:
             record.queue_delay_s = float(timings["queue_s"])
             record.server_dispatch_s = timings.get("dispatch_s")
             record.server_accept_s = timings.get("accept_s")
+            record.server_handed_at_s = timings.get("handed_at_s")
+            record.server_first_token_at_s = timings.get("first_token_at_s")
         return state.cancel_after is not None and state.content_chunks >= state.cancel_after
 
     # ---- bulk: submit and poll -----------------------------------------------------------

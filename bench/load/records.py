@@ -57,6 +57,10 @@ class RequestRecord:
     # sampled -> its chunk handed to the response.
     server_intake_s: float | None = None
     server_delivery_s: float | None = None
+    # A streamed chat's two instants on the engine's clock (mixgate_timings; the clock of
+    # GET /v1/engine/steps): handed to the engine, and its first token sampled.
+    server_handed_at_s: float | None = None
+    server_first_token_at_s: float | None = None
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), separators=(",", ":"))

@@ -69,6 +69,10 @@ def timings_of(metrics: RequestMetrics | None) -> dict[str, Any]:
         # The first token with text (None when the request had no detokenized output).
         "text_ttft_s": metrics.text_ttft_s,
         "e2e_s": metrics.e2e_s,
+        # Two instants, not spans: on the clock of GET /v1/engine/steps' started_s (the host's
+        # monotonic clock), so a reader can name the steps the request waited on.
+        "handed_at_s": metrics.handed_s,
+        "first_token_at_s": metrics.first_token_s,
         "preemptions": metrics.num_preemptions,
         "cached_prompt_tokens": metrics.num_cached_prompt_tokens,
     }

@@ -29,6 +29,7 @@ from gateway.http import (
     routes_chat,
     routes_chat_resume,
     routes_completions,
+    routes_engine_steps,
     routes_jobs,
     routes_ops,
 )
@@ -95,6 +96,7 @@ def create_app(settings: Settings, *, redis_client: aioredis.Redis | None = None
         Route("/v1/jobs/{job_id}", routes_jobs.cancel_job, methods=["DELETE"]),
         Route("/v1/models", routes_ops.models, methods=["GET"]),
         Route("/v1/envelope", routes_ops.envelope, methods=["GET"]),
+        Route("/v1/engine/steps", routes_engine_steps.engine_steps, methods=["GET"]),
         Route("/health", routes_ops.health, methods=["GET"]),
         Route("/healthz", routes_ops.healthz, methods=["GET"]),
         Route("/readyz", routes_ops.readyz, methods=["GET"]),

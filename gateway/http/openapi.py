@@ -114,6 +114,13 @@ _LIST_PARAMS: Final = [
         "schema": {"type": "string"},
     },
 ]
+_AFTER_STEP_PARAM: Final[dict[str, Any]] = {
+    "name": "after_step",
+    "in": "query",
+    "required": False,
+    "description": "A step_index already read: list only the steps after it.",
+    "schema": {"type": "integer", "minimum": -1, "default": -1},
+}
 _PUBLIC: Final[list[Any]] = []  # `security: []`: no API key needed
 # 404: an unknown model; 408: a body that arrives too slowly (settings.body_read_timeout_s).
 _SUBMIT_ERRORS: Final = ("400", "401", "403", "404", "408", "413", "429", "503")
@@ -218,6 +225,18 @@ def _paths() -> dict[str, Any]:
                 "summary": "The operating envelope in force",
                 "security": _PUBLIC,
                 "responses": {"200": json_response("The envelope.", "Envelope")},
+            }
+        },
+        "/v1/engine/steps": {
+            "get": {
+                "operationId": "listEngineSteps",
+                "summary": "The engine's recent steps: when each ran and the tokens it carried",
+                "security": _PUBLIC,
+                "parameters": [_AFTER_STEP_PARAM],
+                "responses": {
+                    "200": json_response("The steps, oldest first.", "EngineStepList"),
+                    **error_refs("400"),
+                },
             }
         },
         "/health": {

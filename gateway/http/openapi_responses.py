@@ -217,6 +217,45 @@ RESPONSE_SCHEMAS: Final[Mapping[str, Any]] = {
         "description": "The operating envelope in force: limits derived from load sweeps.",
         "additionalProperties": True,
     },
+    "EngineStep": {
+        "type": "object",
+        "required": ["step_index", "started_s", "duration_s", "tokens", "running", "waiting"],
+        "properties": {
+            "step_index": {"type": "integer"},
+            "started_s": {
+                "type": "number",
+                "description": "The host's monotonic clock, as a chat's handed_at_s and "
+                "first_token_at_s timings (x-mixgate-timings: 1).",
+            },
+            "duration_s": {"type": "number"},
+            "tokens": {
+                "type": "object",
+                "description": 'Tokens by class, then kind: {"bulk": {"prefill": 128}}.',
+                "additionalProperties": {
+                    "type": "object",
+                    "additionalProperties": {"type": "integer"},
+                },
+            },
+            "running": {"type": "object", "additionalProperties": {"type": "integer"}},
+            "waiting": {"type": "object", "additionalProperties": {"type": "integer"}},
+            "kv_usage": {"type": "number"},
+            "preemptions": {"type": "integer"},
+        },
+    },
+    "EngineStepList": {
+        "type": "object",
+        "required": ["object", "clock", "data", "first_step", "last_step"],
+        "properties": {
+            "object": {"type": "string", "enum": ["list"]},
+            "clock": {"type": "string", "enum": ["monotonic"]},
+            "data": {"type": "array", "items": {"$ref": "#/components/schemas/EngineStep"}},
+            "first_step": {
+                "type": ["integer", "null"],
+                "description": "The oldest step the gateway still keeps.",
+            },
+            "last_step": {"type": ["integer", "null"]},
+        },
+    },
     "Readiness": {
         "type": "object",
         "required": ["ready"],

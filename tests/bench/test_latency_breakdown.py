@@ -108,6 +108,19 @@ def test_breakdown_writes_parts_that_add_up(
     chats = [r for r in records if r.request_class == "interactive" and r.outcome == "ok"]
     assert chats and all(r.server_ttft_s is not None and r.server_ttft_s > 0 for r in chats)
     assert all(r.server_ttft_s is not None and r.server_ttft_s <= r.ttft_s for r in chats)
+    # The step trace read every step of the run (the /metrics count, seen or not between
+    # scrapes), and each slow chat is laid against the steps it waited on: they end after its
+    # hand-off and by its first token, and one of them ran its prompt.
+    assert engine["steps_traced"] == engine["steps"] + engine["steps_unseen"]
+    assert engine["steps_missed_by_trace"] == 0
+    assert all(r.server_handed_at_s is not None for r in chats)
+    for chat in report["slowest_chats"]:
+        steps = chat["steps"]
+        assert steps, chat
+        for step in steps:
+            ended_s = chat["handed_at_s"] + step["offset_s"] + step["duration_s"]
+            assert chat["handed_at_s"] < ended_s <= chat["first_token_at_s"] + 1e-4
+        assert any("prefill" in step["tokens"].get("interactive", {}) for step in steps)
 
 
 def _counters(**overrides: object) -> RunCounters:

@@ -94,6 +94,7 @@ def test_openapi_covers_the_api() -> None:
         ("GET", "/readyz"),
         ("GET", "/metrics"),
         ("GET", "/v1/envelope"),
+        ("GET", "/v1/engine/steps"),
         ("GET", "/openapi.json"),
         # The Files and Batch APIs (gateway/http/openapi_batch.py).
         ("POST", "/v1/files"),
