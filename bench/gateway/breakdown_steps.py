@@ -44,7 +44,7 @@ class TracedStep:
     started_s: float
     duration_s: float
     # class -> kind -> tokens, as GET /v1/engine/steps lists them
-    tokens: Mapping[str, Mapping[str, int]]
+    tokens: dict[str, dict[str, int]]
 
     @property
     def ended_s(self) -> float:
@@ -90,7 +90,7 @@ def steps_behind(
             "offset_s": s.started_s - handed_at_s,
             "duration_s": s.duration_s,
             "in_flight": s.started_s < handed_at_s,
-            "tokens": {c: dict(kinds) for c, kinds in s.tokens.items()},
+            "tokens": s.tokens,
         }
         for s in behind
     ]

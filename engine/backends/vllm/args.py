@@ -35,6 +35,7 @@ __all__ = [
     "fitting_max_model_len",
     "kv_bytes_per_token",
     "require_vllm",
+    "uses_class_aware_scheduler",
     "vllm_environment",
 ]
 
@@ -77,6 +78,12 @@ def fitting_max_model_len(
     return max(32, min(wanted_tokens, fitting))
 
 
+def uses_class_aware_scheduler(config: EngineConfig) -> bool:
+    """Whether vLLM runs mixgate's `ClassAwareScheduler` (the `mixgate` policy): it composes
+    each step by class, takes the bulk prefill cap per step itself and records each step."""
+    return config.scheduling_policy == "mixgate"
+
+
 def _request_chunk_tokens(config: EngineConfig) -> int:
     """vLLM's long_prefill_token_threshold: the most one request's prefill takes in a step.
 
@@ -87,7 +94,7 @@ def _request_chunk_tokens(config: EngineConfig) -> int:
     beside every running bulk decode (mixed workload, `small`: TTFT median 141 ms against 82 ms
     on the native engine, and it grew ~15-20 ms per 128 prompt tokens). The other presets keep
     the bulk chunk for every request, as they did."""
-    if config.scheduling_policy == "mixgate":
+    if uses_class_aware_scheduler(config):
         return config.step_token_budget
     return config.bulk_prefill_chunk_tokens
 
@@ -100,6 +107,7 @@ def engine_kwargs(
     `step_sink`: where the class-aware scheduler pushes its step records
     (`engine.backends.vllm.step_channel`); only the `mixgate` policy has that scheduler."""
     policy = config.scheduling_policy
+    class_aware = uses_class_aware_scheduler(config)
     kwargs: dict[str, Any] = {
         "model": str(model_dir),
         "dtype": "auto" if config.dtype == "auto" else config.dtype,
@@ -120,10 +128,10 @@ def engine_kwargs(
         "enforce_eager": True,
         # Per-step token counts and durations feed admission's measured rates; under the mixgate
         # policy the class-aware scheduler sends its own, split by class (step_channel).
-        "enable_logging_iteration_details": policy != "mixgate",
+        "enable_logging_iteration_details": not class_aware,
         "disable_log_stats": False,
     }
-    if policy == "mixgate":
+    if class_aware:
         kwargs["scheduler_cls"] = SCHEDULER_CLS
         # The envelope's slots cap admission; the runner has room for as many again, which
         # only interactive requests use (engine.backends.vllm.step_plan.admission_limit).

@@ -28,6 +28,7 @@ from engine.backends.vllm.args import (
     fitting_max_model_len,
     kv_bytes_per_token,
     require_vllm,
+    uses_class_aware_scheduler,
     vllm_environment,
 )
 from engine.backends.vllm.stats import VllmStatsTracker, stat_logger_factory
@@ -103,7 +104,7 @@ class VllmAsyncEngine:
         self._clock = clock
         # Under the mixgate policy the class-aware scheduler sends each step's record, split by
         # class (step_channel); the other policies keep vLLM's own per-step counts.
-        self._steps_from_scheduler = config.scheduling_policy == "mixgate"
+        self._steps_from_scheduler = uses_class_aware_scheduler(config)
         self._stats = VllmStatsTracker(clock, records_steps=not self._steps_from_scheduler)
         self._step_receiver: StepReceiver | None = None
         self._step_task: asyncio.Task[None] | None = None
