@@ -1,14 +1,11 @@
 """The load generator: drives a live `mixgate serve` with a workload, exactly as users do.
 
 Interactive requests stream chat completions over SSE; bulk requests are jobs, submitted and
-polled. Each class's clients run in a process of their own (bench/load/process.py): nothing
-the bulk side does on its event loop is measured as chat latency, and the bulk process runs
-at a lower CPU priority (`BULK_PROCESS_NICE`), so that on a machine the server shares the
-load generator's burst of submissions does not slow the server's engine under the chats it
-measures. The /metrics sampler runs here. Every process sends the one seeded schedule on one
-t0 and talks through sharded httpx pools (bench/load/client.py). The run ends `drain_s` after
-the workload's duration: what is still in flight then is cancelled (jobs DELETEd) and recorded
-incomplete.
+polled. The chat clients run in a process of their own (bench/load/process.py), so that
+nothing the bulk side does on its event loop is measured as chat latency; the bulk side and
+the /metrics sampler run here. Both send the one seeded schedule on one t0 and talk through
+sharded httpx pools (bench/load/client.py). The run ends `drain_s` after the workload's
+duration: what is still in flight then is cancelled (jobs DELETEd) and recorded incomplete.
 
     result = await run_load("http://127.0.0.1:8000", load_workload("mixed"), model="small")
 """
@@ -33,14 +30,11 @@ from bench.load.records import MetricSample, RequestRecord
 from bench.load.workload import PlannedRequest, Workload, plan_open_loop
 from policies.request_class import RequestClass
 
-__all__ = ["BULK_PROCESS_NICE", "LoadResult", "offered_load", "run_load"]
+__all__ = ["LoadResult", "offered_load", "run_load"]
 
 _SCRAPE_TIMEOUT_S = 5.0
-# How long a class process may take beyond its own drain to hand its records back.
+# How long the chat process may take beyond its own drain to hand its records back.
 _PART_RESULT_GRACE_S = 60.0
-# How much lower the bulk clients' CPU priority is than the generator's (os.nice): why, in
-# bench/load/process.py. The chat clients keep the generator's.
-BULK_PROCESS_NICE = 10
 
 
 @dataclass(frozen=True, slots=True)
@@ -83,49 +77,49 @@ async def run_load(
     sender_class: type[HttpSender] = HttpSender,
     sender_options: dict[str, Any] | None = None,
     scrape_metrics: bool = True,
-    class_processes: bool = True,
+    chat_process: bool = True,
 ) -> LoadResult:
     """Drive `workload` against `base_url`. `sender_class` decides how each request is sent
     (mixgate's chat + jobs by default; `bench.baselines.vllm_loadgen.VllmSender` for a plain vLLM
     server, whose /metrics are its own, hence `scrape_metrics=False`).
 
-    `class_processes`: each class is sent from a child process of its own, the bulk one at
-    `BULK_PROCESS_NICE` (the sender class must then be a module-level class, and time the
-    system's monotonic clock); False sends every class from this event loop.
+    `chat_process`: the interactive class is sent from a child process (the sender class must
+    then be a module-level class, and time the system's monotonic clock); False sends every
+    class from this event loop, as the load generator did before.
     """
     if not metrics_interval_s > 0:
         raise ValueError(f"metrics_interval_s: must be > 0, got {metrics_interval_s!r}")
     if not drain_s >= 0:
         raise ValueError(f"drain_s: must be >= 0, got {drain_s!r}")
-    parts_classes = (
-        [c for c in (RequestClass.INTERACTIVE, RequestClass.BULK) if c in workload.classes]
-        if class_processes
-        else []
+    apart = (
+        frozenset({RequestClass.INTERACTIVE} & set(workload.classes))
+        if chat_process
+        else frozenset()
     )
-    if parts_classes and (clock is not time.monotonic or sleep is not asyncio.sleep):
-        raise ValueError(
-            "class processes run on the system's monotonic clock: class_processes=False"
-        )
+    if apart and (clock is not time.monotonic or sleep is not asyncio.sleep):
+        raise ValueError("a chat process runs on the system's monotonic clock: chat_process=False")
     headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
     options = dict(sender_options or {})
     samples: list[MetricSample] = []
     recorder = Recorder()
-    parts: list[ClassProcess] = []
-    try:
-        for cls in parts_classes:
-            spec = PartSpec(
+    part = (
+        await ClassProcess.start(
+            PartSpec(
                 base_url,
                 headers,
                 workload,
-                frozenset({cls}),
+                apart,
                 model,
                 sender_class,
                 options,
                 job_poll_s,
                 drain_s,
-                nice=BULK_PROCESS_NICE if cls is RequestClass.BULK else 0,
             )  # fmt: skip
-            parts.append(await ClassProcess.start(spec))
+        )
+        if apart
+        else None
+    )
+    try:
         async with ShardedClient(base_url, headers=headers, timeout=CLIENT_TIMEOUT) as client:
             await warm_up(client)
             t0 = clock()
@@ -140,7 +134,7 @@ async def run_load(
                 job_poll_s=job_poll_s,
                 **options,
             )
-            here = frozenset(workload.classes) - frozenset(parts_classes)
+            here = frozenset(workload.classes) - apart
             driver = LoadDriver(workload, sender, clock=clock, sleep=sleep, t0=t0, classes=here)
 
             async def scrape(t_s: float) -> None:
@@ -164,12 +158,12 @@ async def run_load(
             )
             with LoadProgress(workload, plan_open_loop(workload), progress) as bar:
                 recorder.listener = bar
-                for part in parts:
+                if part is not None:
                     part.go(t0, bar)
                 try:
                     await run_part(driver, sender, client, recorder, drain_s)
                     issued = list(driver.issued)
-                    for part in parts:
+                    if part is not None:
                         theirs = await part.result(drain_s + _PART_RESULT_GRACE_S)
                         recorder.finished.extend(theirs.records)
                         issued += theirs.issued
@@ -179,7 +173,7 @@ async def run_load(
                         await asyncio.gather(sampler, return_exceptions=True)
             duration_s = clock() - t0
     finally:
-        for part in parts:
+        if part is not None:
             part.close()
     records = sorted(recorder.finished, key=lambda rec: (rec.sent_s, rec.request_id))
     return LoadResult(records, samples, duration_s, offered_load(workload, issued))

@@ -1,5 +1,4 @@
-"""Part of a load run's classes sent from a process of its own: one for the chat clients, one
-for the bulk clients.
+"""Part of a load run's classes sent from a process of its own: the chat clients.
 
 NOTE: why a process. The chat clients used to share the load generator's event loop with the
 bulk submissions, their polls and the /metrics sampler. Whatever held that loop (a burst of
@@ -10,17 +9,6 @@ were not sent until it ended. Here the chat clients have a loop, a client and a 
 entry of their own; the one seeded load is kept (each class sends exactly the requests it has
 in the whole workload, on one t0 of the system's monotonic clock, which every process reads
 alike), and the records come back to the parent, so the run writes one folder as before.
-
-NOTE: why the bulk clients run at a lower CPU priority (`PartSpec.nice`). The load generator
-shares the server's two cores, which a real bulk client does not. Its 400-job burst cost ~0.5
-core for ~1.8 s (mostly httpx's per-request work), and the engine's steps ran 2-4x slower
-meanwhile: the chats sent inside the burst were the slowest of every `mixed` run, their TTFT
-the run's p99 (`bench breakdown --workload mixed --engine vllm`, `small`, 2-vCPU AMD EPYC: the
-chat sent at 0.91 s took 103-312 ms in eight runs; steady-state chats at most 114-159 ms).
-With the bulk process at nice 10 the same chat took 50-52 ms in three runs and the steady
-state was unchanged. The chat process keeps the parent's priority: its clock readings are the
-measurement. The bulk class's own numbers (its throughput, its e2e seen through 0.5 s polls)
-do not hang on a few milliseconds of scheduling.
 
 Transport: a socketpair carrying pickles through `multiprocessing.connection.Connection`
 (stdlib; no port, no authentication needed for a private pair). The child is a fresh
@@ -92,8 +80,6 @@ class PartSpec:
     sender_options: dict[str, Any] = field(default_factory=dict)
     job_poll_s: float = 0.5
     drain_s: float = 10.0
-    # How much the child lowers its own CPU priority (os.nice; 0: the parent's).
-    nice: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -137,8 +123,8 @@ async def run_part(
 def check_importable(sender_class: type[HttpSender]) -> None:
     if "<locals>" in sender_class.__qualname__:
         raise ValueError(
-            f"{sender_class.__qualname__}: a sender that runs in a class process must be a "
-            "module-level class (or pass class_processes=False)"
+            f"{sender_class.__qualname__}: a sender that runs in the chat process must be a "
+            "module-level class (or pass chat_process=False)"
         )
 
 
@@ -178,7 +164,7 @@ class ClassProcess:
             conn.send(spec)
             message = await asyncio.to_thread(_recv_within, conn, _READY_TIMEOUT_S)
             if message[0] != "ready":
-                raise RuntimeError(f"a class process failed to start:\n{message[1]}")
+                raise RuntimeError(f"the chat client process failed to start:\n{message[1]}")
         except BaseException:
             part.close()
             raise
@@ -216,7 +202,7 @@ class ClassProcess:
             try:
                 kind, *rest = self._conn.recv()
             except Exception as error:  # noqa: BLE001 - whatever ends the pipe ends the part
-                failure = RuntimeError(f"a class process ended early: {error!r}")
+                failure = RuntimeError(f"the chat client process ended early: {error!r}")
                 loop.call_soon_threadsafe(settle, None, failure)
                 return
             if kind in ("started", "finished"):
@@ -226,7 +212,7 @@ class ClassProcess:
                 loop.call_soon_threadsafe(settle, rest[0], None)
                 return
             else:  # "error"
-                failure = RuntimeError(f"a class process failed:\n{rest[0]}")
+                failure = RuntimeError(f"the chat client process failed:\n{rest[0]}")
                 loop.call_soon_threadsafe(settle, None, failure)
                 return
 
@@ -308,8 +294,6 @@ def main(argv: list[str]) -> int:
     conn = Connection(fd)
     try:
         spec: PartSpec = conn.recv()
-        if spec.nice:
-            os.nice(spec.nice)
         asyncio.run(_child(conn, spec))
     except BaseException:
         with contextlib.suppress(OSError):

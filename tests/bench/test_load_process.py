@@ -1,15 +1,13 @@
-"""Each class of a load runs in its own process: whatever holds the bulk side's event loop is
-not measured as chat latency, the bulk process runs at a lower CPU priority than the chats',
-and the run still returns one seeded load's records.
+"""The chat clients of a load run in their own process: whatever holds the bulk side's event
+loop is not measured as chat latency, and the run still returns one seeded load's records.
 
-Against a real `mixgate serve` on the tiny model. The verdicts are orderings and the kernel's
-own priority readings, not speeds: the bulk side's loop is held for a fixed 2 s at t=0, and
-chats planned inside that hold are sent before it ends only when they have a loop of their own.
+Against a real `mixgate serve` on the tiny model. The verdicts are orderings, not speeds: the
+bulk side's loop is held for a fixed 2 s at t=0, and chats planned inside that hold are sent
+before it ends only when they have a loop of their own.
 """
 
 from __future__ import annotations
 
-import json
 import os
 import random
 import signal
@@ -22,7 +20,7 @@ from typing import Any
 import pytest
 
 from bench.live.processes import ServerProcess
-from bench.load.generator import BULK_PROCESS_NICE, run_load
+from bench.load.generator import run_load
 from bench.load.http_clients import HttpSender
 from bench.load.records import OK, RequestRecord
 from bench.load.workload import (
@@ -39,27 +37,12 @@ CHAT, BULK = RequestClass.INTERACTIVE, RequestClass.BULK
 HOLD_S = 2.0
 
 
-class NotingSender(HttpSender):
-    """mixgate's sender that appends a line of JSON to `notes_path` (senders live in other
-    processes: a file is what they share with the test). Module-level: the class processes
-    import it."""
+class LoopHoldingSender(HttpSender):
+    """mixgate's sender whose bulk submission first holds its event loop for HOLD_S (what a
+    burst of submissions did to the shared loop). Module-level: the chat process imports it."""
 
-    def __init__(self, *args: Any, notes_path: str, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        self._notes_path = notes_path
-
-    def note(self, **fields: Any) -> None:
-        with open(self._notes_path, "a", encoding="utf-8") as notes:
-            notes.write(json.dumps(fields) + "\n")
-
-
-def _notes(path: Path) -> list[dict[str, Any]]:
-    return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
-
-
-class LoopHoldingSender(NotingSender):
-    """Its bulk submission first holds its event loop for HOLD_S (what a burst of submissions
-    did to a shared loop), then notes when the hold ended (run-relative)."""
+    # (run-relative time the hold ended,) per process that held (only the bulk side holds).
+    hold_ended_s: list[float] = []
 
     async def _bulk(
         self,
@@ -69,20 +52,8 @@ class LoopHoldingSender(NotingSender):
         rng: random.Random,
     ) -> None:
         time.sleep(HOLD_S)  # noqa: ASYNC251 - holding the loop is the point
-        self.note(hold_ended_s=self._clock() - self._t0)
+        LoopHoldingSender.hold_ended_s.append(self._clock() - self._t0)
         await super()._bulk(request, record, body, rng)
-
-
-class PriorityNotingSender(NotingSender):
-    """Notes, per request, its class and the CPU priority (nice) of the process sending it."""
-
-    async def __call__(self, request: PlannedRequest) -> float:
-        self.note(
-            request_class=request.request_class.value,
-            pid=os.getpid(),
-            nice=os.getpriority(os.PRIO_PROCESS, 0),
-        )
-        return await super().__call__(request)
 
 
 class DyingChatSender(HttpSender):
@@ -117,28 +88,23 @@ def server(tiny_model_dir: Path, redis_server: str, tmp_path: Path) -> Iterator[
         proc.stop()
 
 
-async def _run(
-    server: ServerProcess, notes_path: Path, class_processes: bool
-) -> tuple[list[RequestRecord], float]:
+async def _run(server: ServerProcess, chat_process: bool) -> tuple[list[RequestRecord], float]:
+    LoopHoldingSender.hold_ended_s.clear()
     result = await run_load(
         server.url, HELD, model=server.model_dir.name, drain_s=15.0, progress=False,
-        job_poll_s=0.05, sender_class=LoopHoldingSender,
-        sender_options={"notes_path": str(notes_path)}, class_processes=class_processes,
+        job_poll_s=0.05, sender_class=LoopHoldingSender, chat_process=chat_process,
     )  # fmt: skip
-    holds = [note["hold_ended_s"] for note in _notes(notes_path)]
-    assert len(holds) == 1, "the bulk side must hold its loop once"
-    return result.records, holds[0]
+    assert LoopHoldingSender.hold_ended_s, "the bulk side never held its loop"
+    return result.records, LoopHoldingSender.hold_ended_s[0]
 
 
 @pytest.mark.slow
 @pytest.mark.redis
 @pytest.mark.anyio
 @pytest.mark.timeout(90)
-async def test_chats_are_sent_on_time_while_the_bulk_loop_is_held(
-    server: ServerProcess, tmp_path: Path
-) -> None:
+async def test_chats_are_sent_on_time_while_the_bulk_loop_is_held(server: ServerProcess) -> None:
     assert len(INSIDE) >= 2, "the seed must plan chats inside the hold"
-    records, hold_end_s = await _run(server, tmp_path / "apart.jsonl", class_processes=True)
+    records, hold_end_s = await _run(server, chat_process=True)
 
     by_id = {r.request_id: r for r in records}
     # One run's records, both processes' together: every planned request exactly once.
@@ -154,40 +120,10 @@ async def test_chats_are_sent_on_time_while_the_bulk_loop_is_held(
 
     # The same load with every class on one loop: those chats wait for the hold to end, and
     # their TTFT is measured from a send that was already late (what `mixed` measured).
-    records, hold_end_s = await _run(server, tmp_path / "together.jsonl", class_processes=False)
+    records, hold_end_s = await _run(server, chat_process=False)
     by_id = {r.request_id: r for r in records}
     for planned in INSIDE:
         assert by_id[f"interactive-{planned.index}"].sent_s >= hold_end_s
-
-
-@pytest.mark.slow
-@pytest.mark.redis
-@pytest.mark.anyio
-@pytest.mark.timeout(90)
-async def test_the_bulk_clients_run_at_a_lower_cpu_priority_than_the_chats(
-    server: ServerProcess, tmp_path: Path
-) -> None:
-    notes_path = tmp_path / "priority.jsonl"
-    mine = os.getpriority(os.PRIO_PROCESS, 0)
-    result = await run_load(
-        server.url, HELD, model=server.model_dir.name, drain_s=15.0, progress=False,
-        job_poll_s=0.05, sender_class=PriorityNotingSender,
-        sender_options={"notes_path": str(notes_path)},
-    )  # fmt: skip
-    assert all(r.outcome == OK for r in result.records), result.records
-    notes = _notes(notes_path)
-    by_class = {
-        cls.value: {(n["pid"], n["nice"]) for n in notes if n["request_class"] == cls.value}
-        for cls in (CHAT, BULK)
-    }
-    # One process per class, neither of them this one.
-    assert len(by_class["interactive"]) == 1 and len(by_class["bulk"]) == 1, by_class
-    [(chat_pid, chat_nice)] = by_class["interactive"]
-    [(bulk_pid, bulk_nice)] = by_class["bulk"]
-    assert os.getpid() not in (chat_pid, bulk_pid) and chat_pid != bulk_pid
-    assert chat_nice == mine
-    # The kernel caps nice at 19.
-    assert bulk_nice == min(19, mine + BULK_PROCESS_NICE)
 
 
 @pytest.mark.slow
