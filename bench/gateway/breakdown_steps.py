@@ -11,6 +11,7 @@ the step that sampled its first token.
 
 from __future__ import annotations
 
+import contextlib
 import threading
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
@@ -124,7 +125,6 @@ class StepTrace:
         self._last_index: int | None = None
         self.steps: list[TracedStep] = []
         self.missed = 0
-        self.failed_reads = 0
 
     def start(self) -> StepTrace:
         # The first read only notes where the window ends: the run's steps are those after it.
@@ -160,12 +160,11 @@ class StepTrace:
                 self._last_index = traced.step_index
 
     def _read_more(self) -> None:
-        try:
+        # A failed read: the next one asks again from the same step, and steps that left the
+        # window meanwhile are counted in `missed` (a server gone at the end of a failed run
+        # must not hide why it failed).
+        with contextlib.suppress(httpx.HTTPError):
             self._take(self._read(self._last_index))
-        except httpx.HTTPError:
-            # The next read asks again from the same step (a server gone at the end of a failed
-            # run must not hide why it failed).
-            self.failed_reads += 1
 
     def _run(self) -> None:
         while not self._stopped.wait(self._interval_s):
