@@ -171,7 +171,8 @@ class Scheduler:
             step_token_budget=self.config.step_token_budget,
             interactive_decode_tokens=self._tokens(state, INTERACTIVE),
             bulk_decode_tokens=self._tokens(state, BULK),
-            bulk_prefill_demand_tokens=self._bulk_prefill_demand_tokens(),
+            bulk_prefill_demand_tokens=self._prefill_demand_tokens(BULK),
+            interactive_prefill_demand_tokens=self._prefill_demand_tokens(INTERACTIVE),
             bulk_aged=bulk_aged,
             # Without the cap (priority, fcfs) bulk prefill takes whatever budget is left.
             bulk_prefill_chunk_tokens=(
@@ -380,9 +381,12 @@ class Scheduler:
             s.arrival_s <= threshold_s for s in self.waiting[BULK]
         )
 
-    def _bulk_prefill_demand_tokens(self) -> int:
-        running = [s for s in self.running if self.queue_of(s) is BULK and not s.is_decoding]
-        return sum(s.num_uncomputed_tokens for s in running) + self._waiting_tokens[BULK]
+    def _prefill_demand_tokens(self, request_class: RequestClass) -> int:
+        """Prompt tokens of the class still to prefill: running prefills and the waiting."""
+        running = [
+            s for s in self.running if self.queue_of(s) is request_class and not s.is_decoding
+        ]
+        return sum(s.num_uncomputed_tokens for s in running) + self._waiting_tokens[request_class]
 
     def _check_step(self, output: SchedulerOutput) -> None:
         if output.num_scheduled_tokens > self.config.step_token_budget:

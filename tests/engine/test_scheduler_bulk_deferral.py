@@ -61,8 +61,9 @@ def test_a_flood_of_chats_defers_bulk_decodes_every_other_step_at_most() -> None
     assert with_decodes.count(False) >= 15  # and the deferral does happen under the flood
 
 
-def test_aged_bulk_is_deferred_too_and_the_next_step_pays_its_guarantee_twice() -> None:
-    h = Harness(_config(bulk_aging_s=1.0), num_blocks=400, seed=7)
+def _aged_backlog_after_a_chat_prefill(seed: int) -> Harness:
+    """Two bulk decodes and an aged 400-token bulk prompt; a chat's prefill step just ran."""
+    h = Harness(_config(bulk_aging_s=1.0), num_blocks=400, seed=seed)
     _decoding_bulk(h, 2)
     h.add(BULK, 400, 4)  # a long prompt: bulk prefill work that ages
     h.step()
@@ -71,12 +72,32 @@ def test_aged_bulk_is_deferred_too_and_the_next_step_pays_its_guarantee_twice() 
     step = h.step()
     assert step.tokens_by_kind == {(INTERACTIVE, "prefill"): 20}
     assert step.bulk_guaranteed_tokens == 0
+    return h
+
+
+def test_aged_bulk_is_deferred_too_and_the_next_chat_step_pays_its_guarantee_twice() -> None:
+    h = _aged_backlog_after_a_chat_prefill(seed=7)
+    h.add(INTERACTIVE, 20, 4)  # another prompt competes for the next step's budget
     # 0.25 x 64 = 16 tokens a step: the skipped 16 on top of this step's own.
     after = h.step()
     assert after.bulk_guaranteed_tokens == 32
     assert _bulk_decodes(after) == 2 and after.tokens_by_kind[(BULK, "prefill")] == 30
+    assert after.tokens_by_kind[(INTERACTIVE, "prefill")] == 20
+
+
+def test_with_no_chat_prompt_to_compete_aged_bulk_keeps_its_chunk_cap() -> None:
+    # The guarantee keeps chat prompts from starving bulk; with none, bulk already has the
+    # budget but the chat's decode, and lifting its cap would only lengthen the chat's step.
+    h = _aged_backlog_after_a_chat_prefill(seed=7)
+    after = h.step()
+    assert after.bulk_guaranteed_tokens == 0
+    assert _bulk_decodes(after) == 2 and after.tokens_by_kind[(BULK, "prefill")] == 16
     assert after.tokens_for(INTERACTIVE) == 1
-    assert h.step().bulk_guaranteed_tokens == 16  # paid: back to one step's share
+    # Nothing was owed: a later chat prompt finds one step's share again, not a carried one.
+    h.add(INTERACTIVE, 20, 4)
+    assert h.step().bulk_guaranteed_tokens == 0  # its prefill step defers bulk
+    h.add(INTERACTIVE, 20, 4)
+    assert h.step().bulk_guaranteed_tokens == 32  # the deferred 16 and its own
 
 
 def test_strict_priority_keeps_bulk_decodes_beside_a_chat_prefill() -> None:

@@ -317,7 +317,9 @@ def test_interactive_preempts_aged_bulk_down_to_its_floor() -> None:
     )
     h = Harness(config, num_blocks=400, seed=5)
     bulk = [h.add(BULK, 4, 100) for _ in range(5)]
-    for _ in range(3):  # four bulk sequences decode in every slot; the fifth waits, aged
+    # Four bulk sequences decode in every slot; the fifth waits, aged. One 4-token chunk a
+    # step: with no chat prompt to compete, aged bulk keeps its chunk cap.
+    for _ in range(4):
         h.step()
     assert sum(1 for s in bulk if s.status is SequenceStatus.RUNNING) == 4
     chats = [h.add(INTERACTIVE, 8, 20) for _ in range(4)]
@@ -353,7 +355,9 @@ def test_a_chat_prefill_step_carries_no_bulk_prefill_even_when_bulk_is_aged() ->
     h.add(INTERACTIVE, 20, 4)
     step = h.step()
     assert step.tokens_by_kind[(INTERACTIVE, "prefill")] == 20 and step.tokens_for(BULK) == 0
-    # the guarantee (0.25 x 64) the chat's step skipped, on top of the next step's own
+    # With another prompt competing, the next step pays the guarantee (0.25 x 64) the chat's
+    # step skipped on top of its own.
+    h.add(INTERACTIVE, 20, 4)
     assert h.step().tokens_by_kind[(BULK, "prefill")] == 32
 
 

@@ -125,7 +125,21 @@ def test_deferred_steps_in_a_row_carry_aged_bulk_guarantee_on_until_one_pays_it(
         assert step.deferred_bulk and step.bulk_prefill_tokens == 0
         assert step.carried_bulk_tokens == min(512, carried + 128)
         carried, in_a_row = step.carried_bulk_tokens, step.deferred_steps_in_a_row
-    paying = _awaiting_first_text(knobs, 9.0, in_a_row, carried)
-    # The step budget bounds what one step pays: all of it that the decodes leave.
+    # With a chat prompt waiting to compete for it, the step budget bounds what one step pays:
+    # all of it that the decodes leave (the prompt waits a step).
+    running, waiting = _chat_over_bulk(9.0)
+    waiting.insert(0, WorkItem(200, RequestClass.INTERACTIVE, 40, 0.0))
+    paying = compose_step(
+        running,
+        waiting,
+        knobs,
+        interactive_present=True,
+        deferred_steps_in_a_row=in_a_row,
+        bulk_carried_tokens=carried,
+    )
     assert not paying.deferred_bulk and paying.carried_bulk_tokens == 0
     assert paying.bulk_prefill_tokens == 512 - 17
+    # With none, nothing is owed: bulk was not starved, and keeps its chunk cap.
+    unpaid = _awaiting_first_text(knobs, 9.0, 4, carried)
+    assert not unpaid.deferred_bulk and unpaid.carried_bulk_tokens == 0
+    assert unpaid.bulk_prefill_tokens == 128

@@ -214,6 +214,7 @@ def compose_step(
         interactive_decode_tokens=len(decodes[inter]),
         bulk_decode_tokens=len(decodes[bulk]),
         bulk_prefill_demand_tokens=demand[bulk],
+        interactive_prefill_demand_tokens=demand[inter],
         bulk_aged=bulk_aged and not defer,
         bulk_prefill_chunk_tokens=knobs.bulk_prefill_chunk_tokens,
         bulk_min_share=knobs.bulk_min_share,
