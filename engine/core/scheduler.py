@@ -45,8 +45,7 @@ class Scheduler:
         self.running: list[Sequence] = []
         # Every unfinished sequence by id (abort without a scan), per-class counts by the
         # sequence's own class, and waiting prompt tokens per queue, all kept as they change.
-        # NOTE: a waiting sequence's tokens do not change while it waits, so the sum stays
-        # exact by adding num_tokens on enqueue and subtracting it on dequeue.
+        # NOTE: a waiting sequence's tokens do not change while it waits: the sums stay exact.
         self._by_id: dict[str, Sequence] = {}
         self._running_count: Counter[RequestClass] = Counter()
         self._waiting_count: Counter[RequestClass] = Counter()
@@ -124,7 +123,7 @@ class Scheduler:
         )
         if not defer_bulk:
             self._schedule_decodes(BULK, state)
-        # A deferring step guarantees bulk nothing; the next one pays what it skipped.
+        # A deferring step guarantees bulk nothing; the next pays it if a chat prompt competes.
         plan = self._plan(state, now_s, bulk_aged and not defer_bulk, self._bulk_carried_tokens)
         interactive_decode_tokens = self._tokens(state, INTERACTIVE)
         self._schedule_prefills(
@@ -381,12 +380,9 @@ class Scheduler:
             s.arrival_s <= threshold_s for s in self.waiting[BULK]
         )
 
-    def _prefill_demand_tokens(self, request_class: RequestClass) -> int:
-        """Prompt tokens of the class still to prefill: running prefills and the waiting."""
-        running = [
-            s for s in self.running if self.queue_of(s) is request_class and not s.is_decoding
-        ]
-        return sum(s.num_uncomputed_tokens for s in running) + self._waiting_tokens[request_class]
+    def _prefill_demand_tokens(self, queue: RequestClass) -> int:
+        running = [s for s in self.running if self.queue_of(s) is queue and not s.is_decoding]
+        return sum(s.num_uncomputed_tokens for s in running) + self._waiting_tokens[queue]
 
     def _check_step(self, output: SchedulerOutput) -> None:
         if output.num_scheduled_tokens > self.config.step_token_budget:

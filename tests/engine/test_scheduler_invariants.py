@@ -317,9 +317,7 @@ def test_interactive_preempts_aged_bulk_down_to_its_floor() -> None:
     )
     h = Harness(config, num_blocks=400, seed=5)
     bulk = [h.add(BULK, 4, 100) for _ in range(5)]
-    # Four bulk sequences decode in every slot; the fifth waits, aged. One 4-token chunk a
-    # step: with no chat prompt to compete, aged bulk keeps its chunk cap.
-    for _ in range(4):
+    for _ in range(4):  # one 4-token chunk a step (no chat prompt competes), 4 slots; 1 waits
         h.step()
     assert sum(1 for s in bulk if s.status is SequenceStatus.RUNNING) == 4
     chats = [h.add(INTERACTIVE, 8, 20) for _ in range(4)]
@@ -355,8 +353,7 @@ def test_a_chat_prefill_step_carries_no_bulk_prefill_even_when_bulk_is_aged() ->
     h.add(INTERACTIVE, 20, 4)
     step = h.step()
     assert step.tokens_by_kind[(INTERACTIVE, "prefill")] == 20 and step.tokens_for(BULK) == 0
-    # With another prompt competing, the next step pays the guarantee (0.25 x 64) the chat's
-    # step skipped on top of its own.
+    # With a prompt competing, the next step pays the guarantee the chat's step skipped too
     h.add(INTERACTIVE, 20, 4)
     assert h.step().tokens_by_kind[(BULK, "prefill")] == 32
 
@@ -380,8 +377,7 @@ def test_the_bulk_cap_lingers_after_the_last_chat_then_lifts() -> None:
     while h.scheduler.num_running(INTERACTIVE) or h.scheduler.num_waiting(INTERACTIVE):
         h.step()  # the chat runs to its end
     last_chat_step_s = h.now_s - h.step_s
-    # No chat now, but one just left: capped for as long as bulk has not had the engine to
-    # itself for the linger.
+    # No chat now, but one just left: capped until bulk has had the engine to itself as long.
     while h.now_s < last_chat_step_s + LULL_CONFIG.interactive_linger_s:
         assert h.step().tokens_by_kind[(BULK, "prefill")] == 16
     assert h.step().tokens_by_kind[(BULK, "prefill")] == 64  # the linger is over
