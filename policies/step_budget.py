@@ -46,12 +46,12 @@ def plan_step_budget(
     interactive_decode_tokens: int,
     bulk_decode_tokens: int,
     bulk_prefill_demand_tokens: int,
+    interactive_prefill_demand_tokens: int,
     bulk_aged: bool,
     bulk_prefill_chunk_tokens: int,
     bulk_min_share: float,
     interactive_present: bool = True,
     bulk_carried_tokens: int = 0,
-    interactive_prefill_demand_tokens: int | None = None,
 ) -> StepBudgetPlan:
     """Split what the decodes leave between interactive and bulk prefill.
 
@@ -59,8 +59,7 @@ def plan_step_budget(
     `bulk_carried_tokens`: aged bulk's guarantee that the step before deferred (`defers_bulk`),
     paid in this step on top of its own.
     `interactive_prefill_demand_tokens`: interactive prompt tokens waiting or in their prefill;
-    None: unknown, taken as competing. With none, aged bulk is guaranteed nothing this step
-    (see `_competes_for_prefill`)."""
+    with none, aged bulk is guaranteed nothing this step (see `_competes_for_prefill`)."""
     if step_token_budget < 1:
         raise ValueError("step_token_budget must be at least 1")
     left_tokens = max(0, step_token_budget - interactive_decode_tokens - bulk_decode_tokens)
@@ -89,7 +88,7 @@ def plan_step_budget(
     )
 
 
-def _competes_for_prefill(interactive_prefill_demand_tokens: int | None) -> bool:
+def _competes_for_prefill(interactive_prefill_demand_tokens: int) -> bool:
     """Whether interactive prefill competes with bulk for this step's budget, the one case in
     which aged bulk's guarantee does something.
 
@@ -105,7 +104,7 @@ def _competes_for_prefill(interactive_prefill_demand_tokens: int | None) -> bool
     mixed --engine native`). Such a step now keeps the cap (72 tokens a step on average, mean
     step 11.0 -> 8.3 ms in the same breakdown), and what a deferring step carried is not owed
     then: bulk was not starved. Measured end to end: docs/ARCHITECTURE.md, "Scheduling model"."""
-    return interactive_prefill_demand_tokens is None or interactive_prefill_demand_tokens > 0
+    return interactive_prefill_demand_tokens > 0
 
 
 def bulk_guarantee_tokens(step_token_budget: int, bulk_min_share: float) -> int:
