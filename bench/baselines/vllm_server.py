@@ -127,16 +127,18 @@ class VllmServer:
                 self.args(), env=env, stdout=log, stderr=subprocess.STDOUT
             )
         deadline = started + ready_timeout_s
-        while time.monotonic() < deadline:
-            if self.process.poll() is not None:
-                raise RuntimeError(f"vLLM exited early; see {log_path}")
-            try:
-                if httpx.get(self.url + "/health", timeout=1.0).status_code == 200:
-                    self.started_in_s = time.monotonic() - started
-                    return self
-            except httpx.HTTPError:
-                pass
-            time.sleep(0.2)
+        # One client for every probe (see bench.live.processes.ServerProcess.wait_ready).
+        with httpx.Client(timeout=1.0) as client:
+            while time.monotonic() < deadline:
+                if self.process.poll() is not None:
+                    raise RuntimeError(f"vLLM exited early; see {log_path}")
+                try:
+                    if client.get(self.url + "/health").status_code == 200:
+                        self.started_in_s = time.monotonic() - started
+                        return self
+                except httpx.HTTPError:
+                    pass
+                time.sleep(0.2)
         self.stop()
         raise RuntimeError(f"vLLM not ready in {ready_timeout_s} s; see {log_path}")
 

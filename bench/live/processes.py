@@ -189,15 +189,19 @@ class ServerProcess:
 
     def wait_ready(self, timeout_s: float) -> None:
         deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
-            if self.process is None or self.process.poll() is not None:
-                raise RuntimeError(f"mixgate serve exited early:\n{self.logs()}")
-            try:
-                if httpx.get(self.url + "/readyz", timeout=1.0).status_code == 200:
-                    return
-            except httpx.HTTPError:
-                pass
-            time.sleep(0.05)
+        # NOTE: one client for every probe: `httpx.get` makes a client per call, and each
+        # loads the CA bundle into a TLS context (half of the bench process's CPU while a
+        # vLLM-backed server started, the two cores its engine start needed).
+        with httpx.Client(timeout=1.0) as client:
+            while time.monotonic() < deadline:
+                if self.process is None or self.process.poll() is not None:
+                    raise RuntimeError(f"mixgate serve exited early:\n{self.logs()}")
+                try:
+                    if client.get(self.url + "/readyz").status_code == 200:
+                        return
+                except httpx.HTTPError:
+                    pass
+                time.sleep(0.05)
         raise RuntimeError(f"mixgate serve not ready in {timeout_s} s:\n{self.logs()}")
 
     def logs(self) -> str:

@@ -10,10 +10,11 @@ import subprocess
 import sys
 from pathlib import Path
 
+import httpx
 import pytest
 
 from bench.soak.report import sample_from_metrics
-from bench.soak.run import _rss_of_tree
+from bench.soak.run import _idle_baseline, _rss_of_tree, _Target
 from mixgate.cli import main
 
 
@@ -80,3 +81,19 @@ def test_rss_of_tree_counts_the_children() -> None:
             assert tree is not None and tree >= parent_only + (64 << 20)
         finally:
             parent.kill()
+
+
+def test_idle_baseline_keeps_the_parked_claim_loops_tasks() -> None:
+    """An idle replica reads 13 tasks while its claim loop is between claims and 16 once it is
+    parked (its BZPOPMINs and stop watcher): the baseline is the parked count, so a settled
+    server is never judged to have leaked the claim loop's own wait."""
+    counts = iter([13, 16, 16, 13, 16])
+
+    def metrics(request: httpx.Request) -> httpx.Response:
+        text = f"# TYPE mixgate_asyncio_tasks gauge\nmixgate_asyncio_tasks {next(counts)}\n"
+        return httpx.Response(200, text=text)
+
+    with httpx.Client(base_url="http://soak", transport=httpx.MockTransport(metrics)) as client:
+        idle = _idle_baseline(client, _Target("http://soak", lambda: None))
+    assert idle.asyncio_tasks == 16
+    assert next(counts, None) is None  # every baseline sample was read
