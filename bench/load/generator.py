@@ -13,6 +13,7 @@ duration: what is still in flight then is cancelled (jobs DELETEd) and recorded 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
@@ -22,6 +23,7 @@ import httpx
 
 from bench.load.client import ShardedClient, warm_up
 from bench.load.drive import LoadDriver, sample_loop
+from bench.load.frozen_heap import heap_frozen
 from bench.load.http_clients import HttpSender, Recorder
 from bench.load.metrics_sampler import parse_metrics
 from bench.load.process import CLIENT_TIMEOUT, ClassProcess, PartSpec, run_part
@@ -120,8 +122,12 @@ async def run_load(
         else None
     )
     try:
-        async with ShardedClient(base_url, headers=headers, timeout=CLIENT_TIMEOUT) as client:
+        async with (
+            ShardedClient(base_url, headers=headers, timeout=CLIENT_TIMEOUT) as client,
+            contextlib.AsyncExitStack() as run_scope,
+        ):
             await warm_up(client)
+            run_scope.enter_context(heap_frozen())
             t0 = clock()
             sender = sender_class(
                 client,

@@ -13,6 +13,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 import httpx
+import orjson
 
 from bench.load.client import LoadClient
 
@@ -65,7 +66,8 @@ class JobWatcher:
             response = await self._client.get("/v1/jobs", params=params)
             if response.status_code != 200:
                 return
-            page = response.json()
+            # orjson: a page is up to 100 finished jobs with their results, every poll.
+            page = orjson.loads(response.content)
             for job in page["data"]:
                 remaining.discard(job["id"])
                 waiter = self._waiters.get(job["id"])

@@ -40,6 +40,7 @@ import httpx
 
 from bench.load.client import ShardedClient, warm_up
 from bench.load.drive import LoadDriver
+from bench.load.frozen_heap import heap_frozen
 from bench.load.http_clients import HttpSender, Recorder, RecordListener
 from bench.load.records import RequestRecord
 from bench.load.workload import PlannedRequest, Workload
@@ -260,31 +261,34 @@ class _Relay:
 async def _child(conn: Connection, spec: PartSpec) -> None:
     async with ShardedClient(spec.base_url, headers=spec.headers, timeout=CLIENT_TIMEOUT) as client:
         await warm_up(client)
-        conn.send(("ready",))
-        # Blocking on purpose: nothing runs on this loop before the go.
-        kind, t0 = conn.recv()
-        assert kind == "go"
-        recorder = Recorder(listener=_Relay(conn))
-        sender = spec.sender_class(
-            client,
-            recorder,
-            model=spec.model,
-            seed=spec.workload.seed,
-            clock=time.monotonic,
-            sleep=asyncio.sleep,
-            t0=t0,
-            job_poll_s=spec.job_poll_s,
-            **spec.sender_options,
-        )
-        driver = LoadDriver(
-            spec.workload,
-            sender,
-            clock=time.monotonic,
-            sleep=asyncio.sleep,
-            t0=t0,
-            classes=spec.classes,
-        )
-        await run_part(driver, sender, client, recorder, spec.drain_s)
+        # Frozen before the ready, so that its collection is not paid after the go; the
+        # child's whole life is then the run.
+        with heap_frozen():
+            conn.send(("ready",))
+            # Blocking on purpose: nothing runs on this loop before the go.
+            kind, t0 = conn.recv()
+            assert kind == "go"
+            recorder = Recorder(listener=_Relay(conn))
+            sender = spec.sender_class(
+                client,
+                recorder,
+                model=spec.model,
+                seed=spec.workload.seed,
+                clock=time.monotonic,
+                sleep=asyncio.sleep,
+                t0=t0,
+                job_poll_s=spec.job_poll_s,
+                **spec.sender_options,
+            )
+            driver = LoadDriver(
+                spec.workload,
+                sender,
+                clock=time.monotonic,
+                sleep=asyncio.sleep,
+                t0=t0,
+                classes=spec.classes,
+            )
+            await run_part(driver, sender, client, recorder, spec.drain_s)
     conn.send(("done", PartResult(recorder.finished, driver.issued)))
 
 
