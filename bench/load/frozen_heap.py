@@ -3,11 +3,11 @@
 NOTE: a load generator that stops to collect garbage measures its own pause as the server's
 latency. The bench process carries every module it imported (httpx, rich, the engine's and
 vLLM's packages for the server it manages): a full (gen-2) collection of that heap took 440 ms
-in the middle of a `bench breakdown --workload mixed` run (gc.callbacks trace, 2-vCPU AMD EPYC),
-and the chat process's took 59 ms, landing in the TTFT or ITL of every chat in flight. Both pauses
-also took a core from the engine the run measures. `gc.freeze()` moves what exists before the
-run to the permanent generation, which no collection scans; objects made during the run are
-still collected as usual, so memory stays bounded.
+in the middle of a `bench breakdown --workload mixed` run and 249 ms at its start (gc.callbacks
+trace, 2-vCPU AMD EPYC): the bulk client stood still, and a core was taken from the engine the
+run measures. `gc.freeze()` moves what exists before the run to the permanent generation, which
+no collection scans (the largest collection left in the same run: 46 ms, in the 400-job burst);
+objects made during the run are still collected as usual, so memory stays bounded.
 """
 
 from __future__ import annotations
