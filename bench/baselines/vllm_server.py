@@ -15,9 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import httpx
-
-from bench.live.processes import free_port, stop_process
+from bench.live.processes import answers_ok, free_port, stop_process
 from engine.backends.vllm.args import fitting_max_model_len, vllm_environment
 from engine.model.config import ModelConfig
 from policies.envelope import Envelope
@@ -126,19 +124,12 @@ class VllmServer:
             self.process = subprocess.Popen(
                 self.args(), env=env, stdout=log, stderr=subprocess.STDOUT
             )
-        deadline = started + ready_timeout_s
-        # One client for every probe (see bench.live.processes.ServerProcess.wait_ready).
-        with httpx.Client(timeout=1.0) as client:
-            while time.monotonic() < deadline:
-                if self.process.poll() is not None:
-                    raise RuntimeError(f"vLLM exited early; see {log_path}")
-                try:
-                    if client.get(self.url + "/health").status_code == 200:
-                        self.started_in_s = time.monotonic() - started
-                        return self
-                except httpx.HTTPError:
-                    pass
-                time.sleep(0.2)
+        remaining_s = started + ready_timeout_s - time.monotonic()
+        if answers_ok(self.url + "/health", self.process, remaining_s, interval_s=0.2):
+            self.started_in_s = time.monotonic() - started
+            return self
+        if self.process.poll() is not None:
+            raise RuntimeError(f"vLLM exited early; see {log_path}")
         self.stop()
         raise RuntimeError(f"vLLM not ready in {ready_timeout_s} s; see {log_path}")
 

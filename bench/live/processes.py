@@ -118,6 +118,28 @@ def redis_url(given: str | None, data_dir: Path) -> Iterator[str]:
         stop_process(proc)
 
 
+def answers_ok(
+    url: str, process: subprocess.Popen[bytes], timeout_s: float, *, interval_s: float
+) -> bool:
+    """Poll GET `url` until it answers 200 (True); False once `process` exits or `timeout_s`
+    passes (the caller tells which by `process.poll()`)."""
+    deadline = time.monotonic() + timeout_s
+    # NOTE: one client for every probe: `httpx.get` makes a client per call, and each loads
+    # the CA bundle into a TLS context (half of the bench process's CPU while a vLLM-backed
+    # server started, the two cores its engine start needed).
+    with httpx.Client(timeout=1.0) as client:
+        while time.monotonic() < deadline:
+            if process.poll() is not None:
+                return False
+            try:
+                if client.get(url).status_code == 200:
+                    return True
+            except httpx.HTTPError:
+                pass
+            time.sleep(interval_s)
+    return False
+
+
 @dataclass
 class ServerProcess:
     """A `mixgate serve` child with its own key prefix and data folder."""
@@ -188,20 +210,12 @@ class ServerProcess:
         return self
 
     def wait_ready(self, timeout_s: float) -> None:
-        deadline = time.monotonic() + timeout_s
-        # NOTE: one client for every probe: `httpx.get` makes a client per call, and each
-        # loads the CA bundle into a TLS context (half of the bench process's CPU while a
-        # vLLM-backed server started, the two cores its engine start needed).
-        with httpx.Client(timeout=1.0) as client:
-            while time.monotonic() < deadline:
-                if self.process is None or self.process.poll() is not None:
-                    raise RuntimeError(f"mixgate serve exited early:\n{self.logs()}")
-                try:
-                    if client.get(self.url + "/readyz").status_code == 200:
-                        return
-                except httpx.HTTPError:
-                    pass
-                time.sleep(0.05)
+        if self.process is not None and answers_ok(
+            self.url + "/readyz", self.process, timeout_s, interval_s=0.05
+        ):
+            return
+        if self.process is None or self.process.poll() is not None:
+            raise RuntimeError(f"mixgate serve exited early:\n{self.logs()}")
         raise RuntimeError(f"mixgate serve not ready in {timeout_s} s:\n{self.logs()}")
 
     def logs(self) -> str:
