@@ -15,6 +15,19 @@ Each step's record (tokens by class and kind, its time: `engine.backends.vllm.st
 to the gateway over `engine.backends.vllm.step_channel` when `additional_config["mixgate"]` names
 a `step_sink`. The knobs come from `additional_config["mixgate"]` (see
 `engine.backends.vllm.args`). Import this only where vLLM is installed.
+
+Async scheduling (vLLM schedules step N+1 while step N runs on the device, the default on GPUs
+with the multiproc executor): vLLM picks `AsyncScheduler` over `Scheduler` by itself only when no
+`scheduler_cls` is given, so `ClassAwareScheduler` picks for itself when vLLM builds it: with
+`scheduler_config.async_scheduling` on, the instance is a `ClassAwareAsyncScheduler` (the same
+composition over `AsyncScheduler`, as vLLM's own `DiffusionAsyncScheduler` pairs with its
+`DiffusionScheduler`). Subclassing `Scheduler` alone would keep the class-aware steps but lose the
+host/device overlap that plain vLLM keeps. vLLM's start-up warning about custom scheduler classes
+("if you have subclassed Scheduler instead of AsyncScheduler...") is printed for any custom class;
+with async scheduling on, this one is an `AsyncScheduler`. The composition reads each request's
+`num_output_placeholders` (tokens of steps still in flight), so a request whose output has not
+come back yet counts as the decode it is. vLLM's CPU platform turns async scheduling off, so on
+CPU the class is the plain one (`tests/vllm_inside/test_vllm_scheduler_async.py` drives both).
 """
 
 from __future__ import annotations
@@ -22,6 +35,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
+from vllm.v1.core.sched.async_scheduler import AsyncScheduler
 from vllm.v1.core.sched.scheduler import Scheduler
 
 from engine.backends.vllm.first_text import load_watch
@@ -37,7 +51,7 @@ from engine.backends.vllm.step_records import StepRecorder
 from policies.interactive_presence import InteractivePresence
 from policies.request_class import RequestClass
 
-__all__ = ["ClassAwareScheduler"]
+__all__ = ["ClassAwareAsyncScheduler", "ClassAwareScheduler", "uses_async_scheduling"]
 
 # The vLLM priority of each class (lower runs first).
 INTERACTIVE_PRIORITY = 0
@@ -60,6 +74,13 @@ def _work_item(key: int, request: Any, now_s: float) -> WorkItem:
     )
 
 
+def uses_async_scheduling(args: tuple[Any, ...], kwargs: dict[str, Any]) -> bool:
+    """Whether the vLLM config a scheduler is built with (vLLM passes it as `vllm_config`, the
+    first parameter) has async scheduling on; vLLM has settled it (None: off) by then."""
+    vllm_config = kwargs["vllm_config"] if "vllm_config" in kwargs else args[0]
+    return bool(vllm_config.scheduler_config.async_scheduling)
+
+
 class ClassAwareScheduler(Scheduler):  # type: ignore[misc]
     # vLLM's attributes this class reads and sets around each step.
     running: list[Any]
@@ -70,6 +91,14 @@ class ClassAwareScheduler(Scheduler):  # type: ignore[misc]
     max_num_active_reqs: int
     requests: dict[str, Any]
     kv_cache_manager: Any
+
+    def __new__(cls, *args: Any, **kwargs: Any) -> ClassAwareScheduler:
+        # The class vLLM was told (`scheduler_cls`) turns into its async twin when vLLM runs
+        # async scheduling; Python then calls the twin's __init__ with the same arguments.
+        if cls is ClassAwareScheduler and uses_async_scheduling(args, kwargs):
+            cls = ClassAwareAsyncScheduler
+        instance: ClassAwareScheduler = super().__new__(cls)
+        return instance
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -173,3 +202,9 @@ class ClassAwareScheduler(Scheduler):  # type: ignore[misc]
             self.max_num_scheduled_tokens, self.max_num_running_reqs = saved[0], saved[1]
             self.max_num_active_reqs = saved[2]
             self.running.extend(held)
+
+
+class ClassAwareAsyncScheduler(ClassAwareScheduler, AsyncScheduler):  # type: ignore[misc]
+    """`ClassAwareScheduler` over vLLM's `AsyncScheduler` (its placeholders for the tokens of
+    steps in flight, its caching of blocks as their tokens come back). Not named in vLLM's
+    config: `ClassAwareScheduler` becomes this when vLLM builds it with async scheduling on."""
