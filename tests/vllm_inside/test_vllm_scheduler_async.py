@@ -287,11 +287,16 @@ def test_a_chat_over_bulk_prefill_is_composed_alike_with_steps_in_flight(
     chat_prefill_step = steps[chat_added_at]
     assert chat_prefill_step.tokens.get("chat") == CHAT_PROMPT_TOKENS
     assert chat_prefill_step.prefill_tokens.get(RequestClass.BULK, 0) == 0
+    # The chat decodes in every step until it ends: with steps in flight a decode is
+    # scheduled again before its token is back (a Scheduler under a batch queue runs it every
+    # other step instead, doubling its inter-token time).
+    chat_step_indices = [i for i, s in enumerate(steps) if "chat" in s.tokens]
+    assert chat_step_indices == list(range(chat_added_at, chat_added_at + OUTPUT_TOKENS))
     # While the chat runs, bulk prefill stays within its chunk; once it has left (the cap
     # lifts at once here) bulk takes the whole budget again.
     chat_steps = [s for s in steps if "chat" in s.tokens]
     assert all(s.prefill_tokens.get(RequestClass.BULK, 0) <= BULK_CHUNK_TOKENS for s in chat_steps)
-    last_chat_step = max(i for i, s in enumerate(steps) if "chat" in s.tokens)
+    last_chat_step = chat_step_indices[-1]
     after = [s.prefill_tokens.get(RequestClass.BULK, 0) for s in steps[last_chat_step + 1 :]]
     assert max(after) > BULK_CHUNK_TOKENS
 
