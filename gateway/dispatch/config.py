@@ -48,6 +48,15 @@ class DispatcherConfig:
     # At stop, after the drain timeout: how long aborted jobs get to let go and jobs that
     # were already writing their result get to finish that write.
     hand_back_grace_s: float = 2.0
+    # Local bulk jobs that have made no token yet (in the engine's queue or mid-prefill), at
+    # most: past it, bulk is claimed again only as one of them makes its first token. None:
+    # bulk fills its slots at once. NOTE: a backlog claimed up to the slots waits in this
+    # engine's queue, out of reach of a replica with room (`mixed`'s 400-job burst on vLLM: 32
+    # claimed at once, ~18 of them waiting there), and every claim's engine hand-over lands on
+    # the gateway's loop in one burst. The engine needs only enough unstarted work to fill its
+    # bulk prefill until the next claim lands, one Redis round trip later: four prompts are
+    # several steps of prefill (512-1,024-token prompts against 256-512 bulk tokens a step).
+    max_unstarted_bulk_jobs: int | None = 4
 
     def __post_init__(self) -> None:
         if not self.replica_id or any(ch.isspace() for ch in self.replica_id):
@@ -91,6 +100,10 @@ class DispatcherConfig:
             raise ValueError("need 1 <= retry_initial_backoff_ms <= retry_max_backoff_ms")
         if self.hand_back_grace_s < 0:
             raise ValueError(f"hand_back_grace_s must be >= 0, got {self.hand_back_grace_s}")
+        if self.max_unstarted_bulk_jobs is not None and self.max_unstarted_bulk_jobs < 1:
+            raise ValueError(
+                f"max_unstarted_bulk_jobs must be >= 1 or None, got {self.max_unstarted_bulk_jobs}"
+            )
 
     @classmethod
     def for_engine(

@@ -104,6 +104,7 @@ class Dispatcher:
             engine_clock_s=engine_clock_s or engine.engine.clock,
             backoff=self._backoff,
             counters=self.counters,
+            on_first_token=self._first_token,
         )
         self._outcomes = ScriptOutcomes(store, redis, streams, self.counters, self._backoff)
         self._cancels = CancelListener(
@@ -208,10 +209,37 @@ class Dispatcher:
         finally:
             await self._waits.close()
 
+    def unstarted_bulk(self) -> int:
+        """Local bulk jobs the engine has given no token yet (queued in it, or mid-prefill)."""
+        return sum(
+            1
+            for local in self._jobs.values()
+            if local.request_class is RequestClass.BULK and not local.made_tokens
+        )
+
+    def _first_token(self, local: LocalJob) -> None:
+        # A bulk job's prompt is done: room for another under the pacing limit. The claim loop
+        # clears the event before it counts, so this is never missed.
+        if local.request_class is RequestClass.BULK:
+            self._waits.slot_freed.set()
+
+    def _paced(self, cls: RequestClass, promised: int) -> bool:
+        """Whether `cls` waits for its unstarted jobs (`max_unstarted_bulk_jobs`), counting
+        `promised` starts under way."""
+        limit = self.config.max_unstarted_bulk_jobs
+        if cls is not RequestClass.BULK or limit is None:
+            return False
+        return self.unstarted_bulk() + promised >= limit
+
     def _classes_with_room(self) -> list[RequestClass]:
         in_flight = self.in_flight()
         limits = self.config.max_active_by_class
-        return [c for c in self._open_classes if in_flight[c] + self._starting[c] < limits[c]]
+        return [
+            c
+            for c in self._open_classes
+            if in_flight[c] + self._starting[c] < limits[c]
+            and not self._paced(c, self._starting[c])
+        ]
 
     async def admit_here(self, job: NewJob) -> AdmitResult:
         """Admit `job`, and start it on this replica at once when its class has a free slot
@@ -242,8 +270,9 @@ class Dispatcher:
             return False  # not serving (drain-and-return mode, or stopping)
         if not self._engine.is_running or cls not in self._open_classes:
             return False
-        busy = self.in_flight()[cls] + self._starting[cls] + (1 if cls in self._claiming else 0)
-        return busy < self.config.max_active_by_class[cls]
+        promised = self._starting[cls] + (1 if cls in self._claiming else 0)
+        busy = self.in_flight()[cls] + promised
+        return busy < self.config.max_active_by_class[cls] and not self._paced(cls, promised)
 
     async def _claim_one(self, classes: Sequence[RequestClass]) -> bool:
         """One claim; True when claiming again may find more (it leased a job and its queues

@@ -92,7 +92,9 @@ class JobRunner:
         engine_clock_s: Callable[[], float],
         backoff: Backoff,
         counters: DispatchCounters,
+        on_first_token: Callable[[LocalJob], None] | None = None,
     ) -> None:
+        """`on_first_token` hears each job's first token, on the event loop."""
         self._store = store
         self._streams = streams
         self._engine = engine
@@ -101,6 +103,7 @@ class JobRunner:
         self._engine_clock_s = engine_clock_s
         self._backoff = backoff
         self._counters = counters
+        self._on_first_token = on_first_token
 
     async def run(self, local: LocalJob) -> None:
         """Run the job to a written outcome, or to nothing at all when the lease is not ours."""
@@ -180,6 +183,10 @@ class JobRunner:
             async for delta in deltas:
                 if local.stopping:
                     break
+                if delta.new_token_ids and not local.made_tokens:
+                    local.made_tokens = True
+                    if self._on_first_token is not None:
+                        self._on_first_token(local)
                 if delta.new_token_ids or delta.new_text:
                     parts.append(delta.new_text)
                     data = {"text": delta.new_text, "token_ids": list(delta.new_token_ids)}

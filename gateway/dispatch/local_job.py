@@ -36,6 +36,9 @@ class LocalJob:
     # After a handover from the local route: the index of the next event's explicit id (the
     # stream goes on numbering where the in-process ids stopped); None: Redis picks ids.
     next_event_index: int | None = None
+    # The engine has given it a token: its prompt is done (`Dispatcher` paces bulk claims on
+    # the jobs that have not).
+    made_tokens: bool = False
 
     def __post_init__(self) -> None:
         # Flagged before the claim (the claim script reads the flag): it raced the claim.

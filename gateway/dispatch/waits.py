@@ -2,7 +2,7 @@
 
 Never a poll: new work is a wake-up key that admit and reclaim touch (a BZPOPMIN on the key of
 each class this replica has room for: `gateway.queue.wake_ups`), a free slot is an
-asyncio.Event that every ending job sets.
+asyncio.Event that every ending job (and every bulk job's first token) sets.
 """
 
 from __future__ import annotations
@@ -34,8 +34,9 @@ class ClaimWaits:
         self._classes = frozenset(classes)
         self._wait_timeout_s = wait_timeout_s
         self._backoff = backoff
-        # Set by every local job as it ends. The claim loop clears it before it counts slots,
-        # with no await in between, so an end after the count is never missed.
+        # Set by every local job as it ends, and by a bulk job's first token (the claim
+        # pacing's room: `DispatcherConfig.max_unstarted_bulk_jobs`). The claim loop clears it
+        # before it counts slots, with no await in between, so neither is missed.
         self.slot_freed = asyncio.Event()
         self.stopping = asyncio.Event()
         # One BZPOPMIN per class, each on its own connection, started when the class has room.

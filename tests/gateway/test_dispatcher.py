@@ -9,6 +9,7 @@ that every section uses.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import threading
 import time
@@ -126,6 +127,19 @@ async def _admit(
     enqueue_ms: int | None = None,
     deadline_ms: int | None = None,
 ) -> str:
+    job = _new_job(cls, max_tokens, prompt=prompt, enqueue_ms=enqueue_ms, deadline_ms=deadline_ms)
+    assert (await store.admit(job)).admitted
+    return job.job_id
+
+
+def _new_job(
+    cls: RequestClass,
+    max_tokens: int,
+    *,
+    prompt: tuple[int, ...] = (72, 105, 33),
+    enqueue_ms: int | None = None,
+    deadline_ms: int | None = None,
+) -> NewJob:
     job_id = f"job-{uuid.uuid4().hex[:10]}"
     sampling = SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True)
     # Marked as read (as chats are): these tests read every job's stream.
@@ -136,7 +150,7 @@ async def _admit(
         created_s=0,
         extra={WATCHED_KEY: True},
     )
-    job = NewJob(
+    return NewJob(
         job_id=job_id,
         tenant=TENANT,
         request_class=cls,
@@ -146,8 +160,6 @@ async def _admit(
         queue_limit=1000,
         deadline_ms=deadline_ms,
     )
-    assert (await store.admit(job)).admitted
-    return job_id
 
 
 async def _record(store: QueueStore, job_id: str) -> JobRecord:
@@ -554,6 +566,76 @@ async def test_two_dispatchers_complete_each_job_exactly_once(
 
 
 @pytest.mark.redis
+async def test_bulk_is_claimed_only_as_fast_as_the_engine_starts_it(
+    engine: AsyncEngine,
+    tiny_model_dir: Path,
+    client: aioredis.Redis,
+    store: QueueStore,
+    streams: TokenStreams,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A replica whose engine has not started its bulk jobs (no token yet) claims no more bulk
+    past `max_unstarted_bulk_jobs`, though it has slots: the backlog stays in Redis, where a
+    replica that can start it takes it."""
+    job_ids = [await _admit(store, B, 4) for _ in range(6)]
+    go = threading.Event()
+    real_step = engine.engine.step
+
+    def held_step() -> list[RequestOutput]:
+        go.wait()  # this replica's engine takes no step until the test lets it
+        return real_step()
+
+    monkeypatch.setattr(engine.engine, "step", held_step)
+    paced = _config(bulk=8, max_unstarted_bulk_jobs=2)
+    held_claimed_two = asyncio.Event()
+    held: Dispatcher
+
+    def on_held_event(event: DispatchEvent) -> None:
+        if event.kind is K.CLAIMED and held.counters.count(K.CLAIMED) == 2:
+            held_claimed_two.set()
+
+    held = Dispatcher(store, streams, engine, paced, redis=client, on_event=on_held_event)
+    second_engine = _make_engine(tiny_model_dir)
+    await second_engine.start()
+    try:
+        await held.start()
+        async with asyncio.timeout(20.0):
+            await held_claimed_two.wait()
+        # A bulk job admitted on the held replica is queued, not started there.
+        late = _new_job(B, 4)
+        assert not (await held.admit_here(late)).started
+        job_ids.append(late.job_id)
+
+        unstarted_at_claims: list[int] = []
+        other: Dispatcher
+
+        def on_other_event(event: DispatchEvent) -> None:
+            if event.kind is K.CLAIMED:
+                unstarted_at_claims.append(other.unstarted_bulk())
+
+        other_config = dataclasses.replace(paced, replica_id="r2")
+        other = Dispatcher(
+            store, streams, second_engine, other_config, redis=client, on_event=on_other_event
+        )
+        await other.run_until_idle()
+
+        # The held replica still has its two and took nothing more; the other ran the rest,
+        # never more than two of them waiting for their first token.
+        assert (held.counters.count(K.CLAIMED), held.unstarted_bulk()) == (2, 2)
+        assert other.counters.count(K.COMPLETED, B) == 5
+        assert len(unstarted_at_claims) == 5 and max(unstarted_at_claims) <= 2
+        go.set()
+        drained = await held.stop(drain_timeout_s=30.0)
+        assert (drained.finished, drained.handed_back) == (2, ())
+    finally:
+        go.set()
+        await second_engine.stop()
+    for job_id in job_ids:
+        record = await _record(store, job_id)
+        assert (record.status, record.attempts) == (JobStatus.COMPLETED, 1)
+
+
+@pytest.mark.redis
 async def test_stop_waits_for_jobs_that_finish_within_the_drain_timeout(
     engine: AsyncEngine,
     client: aioredis.Redis,
@@ -682,6 +764,7 @@ def test_config_for_engine_puts_interactive_slots_on_top_of_bulk() -> None:
         {"reclaim_interval_ms": 0},
         {"wait_timeout_s": 0.0},
         {"retry_initial_backoff_ms": 5_000, "retry_max_backoff_ms": 100},
+        {"max_unstarted_bulk_jobs": 0},
     ],
 )
 def test_config_rejects_bad_values(kwargs: dict[str, Any]) -> None:
