@@ -10,6 +10,8 @@ from typing import Any
 from policies.request_class import RequestClass
 
 DEFAULT_LEASE_MS = 10_000
+# See DispatcherConfig.max_unstarted_bulk_jobs.
+DEFAULT_MAX_UNSTARTED_BULK_JOBS = 4
 
 
 def _default_offsets_ms() -> Mapping[RequestClass, int]:
@@ -56,7 +58,7 @@ class DispatcherConfig:
     # the gateway's loop in one burst. The engine needs only enough unstarted work to fill its
     # bulk prefill until the next claim lands, one Redis round trip later: four prompts are
     # several steps of prefill (512-1,024-token prompts against 256-512 bulk tokens a step).
-    max_unstarted_bulk_jobs: int | None = 4
+    max_unstarted_bulk_jobs: int | None = DEFAULT_MAX_UNSTARTED_BULK_JOBS
 
     def __post_init__(self) -> None:
         if not self.replica_id or any(ch.isspace() for ch in self.replica_id):

@@ -31,6 +31,7 @@ from engine.backends.vllm.args import (
     uses_class_aware_scheduler,
     vllm_environment,
 )
+from engine.backends.vllm.client_context import destroy_client_context
 from engine.backends.vllm.stats import VllmStatsTracker, stat_logger_factory
 from engine.backends.vllm.step_channel import StepNotice, StepReceiver, cancel_quietly
 from engine.core.config import EngineConfig
@@ -181,6 +182,7 @@ class VllmAsyncEngine:
                 with contextlib.suppress(Exception):
                     await asyncio.wait_for(self._llm.abort(ids), timeout=5.0)
             await asyncio.to_thread(self._llm.shutdown)
+            destroy_client_context(self._llm)
         await cancel_quietly(self._step_task)
         self._step_task = None
         self._close_step_receiver()
