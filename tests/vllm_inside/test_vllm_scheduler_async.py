@@ -53,11 +53,14 @@ from engine.backends.vllm.scheduler import (  # noqa: E402
     ClassAwareAsyncScheduler,
     ClassAwareScheduler,
 )
-from engine.core.config import EngineConfig  # noqa: E402
 from engine.core.step_record import StepRecord  # noqa: E402
 from engine.model.make_model import make_model  # noqa: E402
 from engine.text.tokenizer import Tokenizer  # noqa: E402
 from policies.request_class import RequestClass  # noqa: E402
+
+# The engine tests' envelope: a 64-token step budget, 16-token bulk chunks, never aged, and a cap
+# that lifts as soon as no chat is in the engine (so both sides of it show).
+from tests.vllm_inside.test_vllm_engine_inside import BULK_CHUNK_TOKENS, CONFIG  # noqa: E402
 
 pytestmark = [
     pytest.mark.slow,
@@ -65,25 +68,8 @@ pytestmark = [
     pytest.mark.timeout(300),
 ]
 
-BULK_CHUNK_TOKENS = 16
-STEP_BUDGET_TOKENS = 64
 BLOCK_TOKENS = 16
 NUM_BLOCKS = 256
-CONFIG = EngineConfig(
-    max_active_seqs=4,
-    step_token_budget=STEP_BUDGET_TOKENS,
-    bulk_prefill_chunk_tokens=BULK_CHUNK_TOKENS,
-    # Never aged: the bulk cap alone decides bulk prefill per step.
-    bulk_aging_s=1000.0,
-    # The cap lifts as soon as no chat is in the engine, so both sides of it show.
-    interactive_linger_s=0.0,
-    kv_cache_bytes=32 << 20,
-    max_model_len=1024,
-    dtype="float32",
-    device="cpu",
-    num_threads=2,
-    scheduling_policy="mixgate",
-)
 BULK_PROMPT_TOKENS = 200
 CHAT_PROMPT_TOKENS = 40
 OUTPUT_TOKENS = 8
