@@ -51,7 +51,7 @@ from engine.backends.vllm.step_records import StepRecorder
 from policies.interactive_presence import InteractivePresence
 from policies.request_class import RequestClass
 
-__all__ = ["ClassAwareAsyncScheduler", "ClassAwareScheduler", "uses_async_scheduling"]
+__all__ = ["ClassAwareAsyncScheduler", "ClassAwareScheduler"]
 
 # The vLLM priority of each class (lower runs first).
 INTERACTIVE_PRIORITY = 0
@@ -74,7 +74,7 @@ def _work_item(key: int, request: Any, now_s: float) -> WorkItem:
     )
 
 
-def uses_async_scheduling(args: tuple[Any, ...], kwargs: dict[str, Any]) -> bool:
+def _uses_async_scheduling(args: tuple[Any, ...], kwargs: dict[str, Any]) -> bool:
     """Whether the vLLM config a scheduler is built with (vLLM passes it as `vllm_config`, the
     first parameter) has async scheduling on; vLLM has settled it (None: off) by then."""
     vllm_config = kwargs["vllm_config"] if "vllm_config" in kwargs else args[0]
@@ -95,7 +95,7 @@ class ClassAwareScheduler(Scheduler):  # type: ignore[misc]
     def __new__(cls, *args: Any, **kwargs: Any) -> ClassAwareScheduler:
         # The class vLLM was told (`scheduler_cls`) turns into its async twin when vLLM runs
         # async scheduling; Python then calls the twin's __init__ with the same arguments.
-        if cls is ClassAwareScheduler and uses_async_scheduling(args, kwargs):
+        if cls is ClassAwareScheduler and _uses_async_scheduling(args, kwargs):
             cls = ClassAwareAsyncScheduler
         instance: ClassAwareScheduler = super().__new__(cls)
         return instance
