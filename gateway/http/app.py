@@ -144,6 +144,7 @@ def create_app(settings: Settings, *, redis_client: aioredis.Redis | None = None
             lambda: _dispatch_events(state),
         )
         state.metrics.watch_intake(state.intake_lane)
+        state.metrics.watch_local_jobs(lambda: _local_jobs(state))
         if state.auth.is_open:
             log.warning("auth_open", message=OPEN_MODE_WARNING)
         tasks = [
@@ -232,6 +233,12 @@ def _dispatch_events(state: GatewayState) -> dict[tuple[str, RequestClass], int]
     return {(kind.value, c): n for (kind, c), n in state.dispatcher.counters.snapshot().items()}
 
 
+def _local_jobs(state: GatewayState) -> tuple[dict[RequestClass, int], int] | None:
+    if state.dispatcher is None:
+        return None
+    return state.dispatcher.in_flight(), state.dispatcher.unstarted_bulk()
+
+
 def _depths(state: GatewayState) -> dict[RequestClass, tuple[int, int]]:
     if state.admission is None:
         return {}
@@ -269,6 +276,7 @@ async def _bring_up(state: GatewayState) -> None:
             reclaim_interval_ms=int(settings.lease_s * 1000) // 2,
             max_active_by_class=_claim_slots(envelope, settings),
             class_offsets_ms=offsets,
+            max_unstarted_bulk_jobs=settings.bulk_claim_pacing,
         ),
         redis=state.redis,
         on_finished=lambda cls, status, timings: _on_finished(state, cls, status, timings),

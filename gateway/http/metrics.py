@@ -124,6 +124,14 @@ class Metrics:
         if dispatch_events is not None:
             self.registry.register(_DispatchCollector(dispatch_events))
 
+    def watch_local_jobs(
+        self, local_jobs: Callable[[], tuple[Mapping[RequestClass, int], int] | None]
+    ) -> None:
+        """Register the replica's local jobs per class and its unstarted bulk jobs (bulk claim
+        pacing's count: `DispatcherConfig.max_unstarted_bulk_jobs`); None before the
+        dispatcher runs."""
+        self.registry.register(_LocalJobsCollector(local_jobs))
+
     def watch_intake(self, lane: IntakeLane) -> None:
         """Register the bulk intake lane's gauges (gateway/admission/intake_lane.py)."""
         self.registry.register(_IntakeCollector(lane))
@@ -294,6 +302,33 @@ class _DispatchCollector(Collector):
         for (kind, request_class), count in sorted(self._dispatch_events().items()):
             events.add_metric([str(kind), request_class.value], count)
         yield events
+
+
+class _LocalJobsCollector(Collector):
+    """What this replica holds: its jobs per class, and of bulk those without a token yet (at
+    the pacing limit, bulk waits in Redis for a first token here or for another replica)."""
+
+    def __init__(self, local_jobs: Callable[[], tuple[Mapping[RequestClass, int], int] | None]):
+        self._local_jobs = local_jobs
+
+    def collect(self) -> Iterable[Metric]:
+        snapshot = self._local_jobs()
+        if snapshot is None:
+            return
+        by_class, unstarted_bulk = snapshot
+        local = GaugeMetricFamily(
+            "mixgate_dispatch_local_jobs",
+            "Jobs this replica runs (claimed or started here, until their result is written)",
+            labels=["class"],
+        )
+        for request_class in RequestClass:
+            local.add_metric([request_class.value], by_class.get(request_class, 0))
+        yield local
+        yield GaugeMetricFamily(
+            "mixgate_dispatch_unstarted_bulk_jobs",
+            "Local bulk jobs the engine has given no token yet (bulk claim pacing's count)",
+            value=unstarted_bulk,
+        )
 
 
 class _IntakeCollector(Collector):

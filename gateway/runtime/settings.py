@@ -12,6 +12,7 @@ from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
 
+from gateway.dispatch.config import DEFAULT_MAX_UNSTARTED_BULK_JOBS
 from policies.scheduling_policy import SchedulingPolicy
 
 ENV_PREFIX = "MIXGATE_"
@@ -112,6 +113,12 @@ class Settings:
     # Classes this replica claims from the queues (comma-separated). Every replica admits and
     # streams any class; e.g. "bulk" keeps interactive work on the other replicas.
     claim_classes: str = "interactive,bulk"
+    # Bulk jobs this replica holds that its engine has given no token yet, at most; past it,
+    # bulk is claimed only as one of them makes its first token (DispatcherConfig.
+    # max_unstarted_bulk_jobs: a backlog stays in Redis, in reach of every replica). 0: no
+    # pacing, bulk fills its slots at once. More for an engine that prefills several long
+    # prompts a step (a fast accelerator, a large step budget) and is starved by four.
+    max_unstarted_bulk_jobs: int = DEFAULT_MAX_UNSTARTED_BULK_JOBS
     # The Batch API (OpenAI's limits by default): an input file's size and non-blank lines;
     # how often each replica's batch supervisor looks at the active batches; how long its
     # per-batch lock lasts (a replica that dies holding it delays the batch this long); how
@@ -154,6 +161,8 @@ class Settings:
             raise ValueError("job_intake_concurrency_while_chats_wait must be at least 1")
         if self.chat_intake_hold_max_s <= 0:
             raise ValueError("chat_intake_hold_max_s must be positive")
+        if self.max_unstarted_bulk_jobs < 0:
+            raise ValueError("max_unstarted_bulk_jobs must be >= 0 (0: no bulk claim pacing)")
 
     def _check_redis_timeouts(self) -> None:
         timeouts = (
@@ -168,6 +177,11 @@ class Settings:
     @property
     def claimed_classes(self) -> frozenset[str]:
         return frozenset(c.strip() for c in self.claim_classes.split(",") if c.strip())
+
+    @property
+    def bulk_claim_pacing(self) -> int | None:
+        """`DispatcherConfig.max_unstarted_bulk_jobs`: None where the setting turns pacing off."""
+        return self.max_unstarted_bulk_jobs or None
 
     def _check_batch_limits(self) -> None:
         if min(self.batch_max_file_bytes, self.batch_max_lines, self.batch_max_queued_lines) < 1:
@@ -221,6 +235,7 @@ _INTS = {
     "max_body_bytes",
     "job_intake_concurrency",
     "job_intake_concurrency_while_chats_wait",
+    "max_unstarted_bulk_jobs",
     "stream_ttl_s",
     "num_threads",
     "kv_cache_bytes",

@@ -27,12 +27,21 @@ def test_environment_sets_typed_values() -> None:
     assert settings.claimed_classes == frozenset({"bulk"})
 
 
+def test_bulk_claim_pacing_is_a_setting_and_0_turns_it_off() -> None:
+    from gateway.dispatch.config import DEFAULT_MAX_UNSTARTED_BULK_JOBS
+
+    assert Settings().bulk_claim_pacing == DEFAULT_MAX_UNSTARTED_BULK_JOBS
+    assert Settings.from_env({"MIXGATE_MAX_UNSTARTED_BULK_JOBS": "12"}).bulk_claim_pacing == 12
+    assert Settings.from_env({"MIXGATE_MAX_UNSTARTED_BULK_JOBS": "0"}).bulk_claim_pacing is None
+
+
 @pytest.mark.parametrize(
     ("name", "value"),
     [
         ("MIXGATE_JOB_INTAKE_CONCURRENCY", "0"),
         ("MIXGATE_JOB_INTAKE_CONCURRENCY_WHILE_CHATS_WAIT", "0"),
         ("MIXGATE_CHAT_INTAKE_HOLD_MAX_S", "0"),
+        ("MIXGATE_MAX_UNSTARTED_BULK_JOBS", "-1"),
         ("MIXGATE_BODY_READ_TIMEOUT_S", "0"),
         ("MIXGATE_CLAIM_CLASSES", "realtime"),
         ("MIXGATE_ENGINE", "tgi"),

@@ -1,0 +1,106 @@
+"""Bulk claim pacing on a live `mixgate serve` (tiny preset, real redis-server): the setting
+MIXGATE_MAX_UNSTARTED_BULK_JOBS, and what /metrics shows of it.
+
+With the engine process paused (SIGSTOP) no bulk job makes a token, so the replica holds
+exactly as many bulk jobs as the setting lets it hold unstarted and the rest stay queued in
+Redis; 0 turns pacing off and the jobs fill the bulk slots. Once the engine runs again every
+job completes and nothing is left unstarted.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+import uuid
+from collections.abc import Callable
+from pathlib import Path
+
+import httpx
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from bench.live.processes import ServerProcess
+from tests.child_processes import engine_child
+
+pytestmark = [pytest.mark.redis, pytest.mark.slow]
+
+JOBS = 6
+WAIT_S = 60.0
+
+
+def local_state(server: ServerProcess) -> dict[str, float]:
+    """The bulk queue's depth, the replica's local bulk jobs and its unstarted ones."""
+    text = httpx.get(server.url + "/metrics", timeout=10).text
+    state: dict[str, float] = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            bulk = sample.labels.get("class") == "bulk"
+            if sample.name == "mixgate_queue_depth" and bulk:
+                state["queued"] = sample.value
+            elif sample.name == "mixgate_dispatch_local_jobs" and bulk:
+                state["local"] = sample.value
+            elif sample.name == "mixgate_dispatch_unstarted_bulk_jobs":
+                state["unstarted"] = sample.value
+    return state
+
+
+def wait_for(condition: Callable[[], bool], what: str) -> None:
+    deadline = time.monotonic() + WAIT_S
+    while not condition():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.05)
+
+
+@pytest.mark.parametrize(("setting", "held"), [("2", 2), ("0", JOBS)])
+def test_a_replica_holds_as_many_unstarted_bulk_jobs_as_the_setting_allows(
+    tiny_model_dir: Path, redis_server: str, tmp_path: Path, setting: str, held: int
+) -> None:
+    server = ServerProcess(
+        tiny_model_dir,
+        redis_server,
+        f"{{mg-{uuid.uuid4().hex[:8]}}}:",
+        tmp_path / "data",
+        extra_env={"MIXGATE_MAX_UNSTARTED_BULK_JOBS": setting},
+    ).start()
+    try:
+        assert server.process is not None
+        engine = engine_child(server.process.pid)
+        with httpx.Client(base_url=server.url, timeout=30) as client:
+            model = client.get("/v1/models").json()["data"][0]["id"]
+            os.kill(engine, signal.SIGSTOP)
+            try:
+                ids = []
+                for i in range(JOBS):
+                    body = {"model": model, "messages": [{"role": "user", "content": f"doc {i}"}],
+                            "max_tokens": 4, "ignore_eos": True}  # fmt: skip
+                    response = client.post("/v1/jobs", json=body)
+                    assert response.status_code == 202, response.text
+                    ids.append(response.json()["id"])
+                # Every job is accounted for: queued in Redis or held here, none running yet.
+                wait_for(
+                    lambda: (
+                        (s := local_state(server)).get("queued", -1) + s.get("local", -1) == JOBS
+                        and s["local"] == held
+                    ),
+                    f"{held} bulk jobs held and {JOBS - held} queued",
+                )
+                state = local_state(server)
+                assert state["unstarted"] == held
+                assert state["queued"] == JOBS - held
+            finally:
+                os.kill(engine, signal.SIGCONT)
+            for job_id in ids:
+                wait_for(
+                    lambda job_id=job_id: (
+                        client.get(f"/v1/jobs/{job_id}").json()["status"] == "completed"
+                    ),
+                    f"job {job_id} to complete",
+                )
+            # (The queue depth is the health watcher's reading, refreshed twice a second.)
+            wait_for(
+                lambda: local_state(server) == {"queued": 0, "local": 0, "unstarted": 0},
+                "nothing queued, held or unstarted",
+            )
+    finally:
+        assert server.stop() == 0, server.logs()
