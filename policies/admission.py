@@ -26,11 +26,15 @@ Model (every assumption here is optimistic or pessimistic on purpose, and says w
   included) to the prefill tokens in them, so under a bulk backlog it is several times slower
   than what one more chat prompt costs in a step: that margin covers the bulk chunk that may
   ride along in the request's own prefill step, which is not counted again.
-- A bulk request waits for the interactive queue and its own queue to drain: queued prompt
-  tokens at the prefill rate, queued output tokens (``max_tokens``, an upper bound) at the
-  aggregate decode rate. When a queue does not know its prompt share
-  (``queued_prompt_tokens == 0``), bulk costs everything at the slower decode rate:
-  pessimistic. Interactive prediction needs the share (the admission service estimates it).
+- A bulk request waits for the interactive queue and its own queue to drain
+  (``EngineRates.drain_s``). Where the engine's steps have been fit as fixed + per-token costs
+  (``EngineRates.step_cost``, ``policies/step_cost.py``), a queue drains in the steps its
+  slower side needs at the class's per-step limits (prefill chunk, sequences), prefill and
+  decode sharing those steps. Otherwise queued prompt tokens cost the prefill rate and queued
+  output tokens (``max_tokens``, an upper bound) the aggregate decode rate, one after the
+  other: pessimistic, several times over under a backlog. When a queue does not know its
+  prompt share (``queued_prompt_tokens == 0``), everything costs output tokens: pessimistic.
+  Interactive prediction needs the share (the admission service estimates it).
 - A new sequence joins the running batch at a step boundary, so the work left in running
   sequences does not delay its start; it shares the decode rate with them, at
   ``decode_tokens_per_s / (running + 1)`` per sequence. That assumes the aggregate does not
@@ -48,6 +52,7 @@ from dataclasses import dataclass
 
 from policies.admission_decision import AdmissionDecision, Rejection
 from policies.request_class import RequestClass
+from policies.step_cost import StepCost
 
 __all__ = [
     "AdmissionConfig",
@@ -137,6 +142,11 @@ class EngineRates:
     waiting_interactive_prompt_tokens: int = 0
     # The engine's recent step time (None until measured): a running sequence's time per token.
     recent_step_s: float | None = None
+    # The engine's steps fit as fixed + per-token costs (None until separable), and the per-step
+    # limits a queue drains at by it (0: unknown): the step budget, bulk's sequences.
+    step_cost: StepCost | None = None
+    step_token_budget: int = 0
+    bulk_slots: int = 0
 
     def __post_init__(self) -> None:
         _require_positive_finite("prefill_tokens_per_s", self.prefill_tokens_per_s)
@@ -145,6 +155,8 @@ class EngineRates:
             raise ValueError("running sequence counts must be non-negative")
         if min(self.bulk_step_tokens, self.interactive_slots) < 0:
             raise ValueError("bulk_step_tokens and interactive_slots must be non-negative")
+        if min(self.step_token_budget, self.bulk_slots) < 0:
+            raise ValueError("step_token_budget and bulk_slots must be non-negative")
         if self.waiting_interactive_prompt_tokens < 0:
             raise ValueError("waiting_interactive_prompt_tokens must be non-negative")
         if self.recent_step_s is not None:
@@ -163,13 +175,25 @@ class EngineRates:
         sharing_seqs = self.running_interactive_seqs + self.running_bulk_seqs + 1
         return self.decode_tokens_per_s / sharing_seqs
 
-    def drain_s(self, queue: QueueState) -> float:
-        """Seconds to process a queue's work at these rates (see the module docstring)."""
+    def drain_s(self, queue: QueueState, request_class: RequestClass) -> float:
+        """Seconds to process a class's queued work at these rates (the module docstring)."""
         output_tokens = queue.queued_tokens - queue.queued_prompt_tokens
-        return (
-            queue.queued_prompt_tokens / self.prefill_tokens_per_s
-            + output_tokens / self.decode_tokens_per_s
-        )
+        return self.work_s(queue.queued_prompt_tokens, output_tokens, request_class)
+
+    def work_s(self, prompt_tokens: int, output_tokens: int, request_class: RequestClass) -> float:
+        """Seconds to run a class's prefill and decode work, by the step fit where there is
+        one (its per-step limits), else the per-kind rates one after the other."""
+        bulk = request_class is RequestClass.BULK
+        prefill_per_step = (self.bulk_step_tokens if bulk else 0) or self.step_token_budget
+        seqs_per_step = self.bulk_slots if bulk else self.interactive_slots
+        if self.step_cost is not None and prefill_per_step and seqs_per_step:
+            return self.step_cost.drain_s(
+                prompt_tokens,
+                output_tokens,
+                prefill_tokens_per_step=prefill_per_step,
+                seqs_per_step=seqs_per_step,
+            )
+        return prompt_tokens / self.prefill_tokens_per_s + output_tokens / self.decode_tokens_per_s
 
 
 @dataclass(frozen=True, slots=True)
@@ -282,10 +306,10 @@ def decide_admission(
 
     # Work ahead: its own class, and for bulk also the interactive queue served before it.
     ahead_other_s = 0.0
-    own_queue_drain_s = rates.drain_s(own_queue)
+    own_queue_drain_s = rates.drain_s(own_queue, cls)
     prefill_s = shape.prompt_tokens / rates.prefill_tokens_per_s
     if cls is RequestClass.BULK:
-        ahead_other_s = rates.drain_s(queues[RequestClass.INTERACTIVE])
+        ahead_other_s = rates.drain_s(queues[RequestClass.INTERACTIVE], RequestClass.INTERACTIVE)
         start_s = ahead_other_s + own_queue_drain_s
     else:
         start_s = _interactive_start_s(own_queue, rates, _bulk_chunk_s(queues, rates))

@@ -239,6 +239,7 @@ class LLMEngine:
             recent_step_s=self.history.recent_step_s(),
             prefill_tokens_per_s=self.history.rate_tokens_per_s("prefill"),
             decode_tokens_per_s=self.history.rate_tokens_per_s("decode"),
+            step_cost=self.history.step_cost(),
             total_preemptions=self.history.total_preemptions,
             steps=self.history.total_steps,
         )

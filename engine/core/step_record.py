@@ -5,7 +5,9 @@ from __future__ import annotations
 from collections import deque
 from dataclasses import dataclass
 
+from engine.core.step_cost_fit import StepCostFit
 from policies.request_class import RequestClass
+from policies.step_cost import StepCost
 
 
 @dataclass(frozen=True, slots=True)
@@ -45,6 +47,9 @@ class LoadSnapshot:
     # Threads the engine core's steps run on now, where it adapts them to contention
     # (engine/process/thread_governor.py); None where the count is fixed.
     threads: int | None = None
+    # The recent steps' time as fixed + per token (engine/core/step_cost_fit.py); None until
+    # the window can tell the two apart.
+    step_cost: StepCost | None = None
 
 
 class StepHistory:
@@ -64,6 +69,7 @@ class StepHistory:
         # Per kind: tokens of that kind, and seconds of the steps that carried any of them.
         self._tokens = dict.fromkeys(self.KINDS, 0)
         self._seconds = dict.fromkeys(self.KINDS, 0.0)
+        self._cost_fit = StepCostFit()
 
     def add(self, record: StepRecord) -> None:
         if len(self.records) == self.records.maxlen:
@@ -74,6 +80,7 @@ class StepHistory:
         self.total_steps += 1
 
     def _count(self, record: StepRecord, sign: int) -> None:
+        self._cost_fit.add(record.num_tokens, record.duration_s, sign)
         for kind in self.KINDS:
             tokens = record.tokens_of(kind)
             if tokens:
@@ -95,3 +102,7 @@ class StepHistory:
         """
         seconds = self._seconds[kind]
         return self._tokens[kind] / seconds if seconds > 1e-12 else None
+
+    def step_cost(self) -> StepCost | None:
+        """The window's steps fit as fixed + per-token costs (None: not separable yet)."""
+        return self._cost_fit.fit()

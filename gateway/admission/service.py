@@ -111,6 +111,9 @@ class AdmissionService:
                 waiting_interactive * self._mean_interactive_prompt_tokens
             ),
             recent_step_s=load.recent_step_s if load and load.recent_step_s else None,
+            step_cost=load.step_cost if load else None,
+            step_token_budget=envelope.step_token_budget,
+            bulk_slots=envelope.slots_by_class()[RequestClass.BULK],
         )
 
     async def decide(self, shape: RequestShape) -> AdmissionDecision:

@@ -2,8 +2,8 @@
 
 Pure arithmetic on `policies.admission`'s model (no I/O, no clock): the work queued ahead
 drains at the engine's rates (`EngineRates.drain_s`: interactive first, then bulk), then the
-batch's own prompt tokens at the prefill rate and its output bound (the sum of its lines'
-max_tokens) at the aggregate decode rate, since its lines run side by side. The prediction,
+batch's own prompt tokens and its output bound (the sum of its lines' max_tokens) as bulk work
+(`EngineRates.work_s`), since its lines run side by side. The prediction,
 scaled by admission's safety factor, must fit in the window.
 """
 
@@ -63,9 +63,6 @@ def predict_batch(
     rates: EngineRates,
     config: AdmissionConfig,
 ) -> BatchPrediction:
-    ahead_s = sum(rates.drain_s(queues[c]) for c in RequestClass)
-    own_s = (
-        work.prompt_tokens / rates.prefill_tokens_per_s
-        + work.output_tokens / rates.decode_tokens_per_s
-    )
+    ahead_s = sum(rates.drain_s(queues[c], c) for c in RequestClass)
+    own_s = rates.work_s(work.prompt_tokens, work.output_tokens, RequestClass.BULK)
     return BatchPrediction(ahead_s, own_s, window_s, config.safety_factor)

@@ -182,6 +182,17 @@ class _StateCollector(Collector):
             yield GaugeMetricFamily(
                 "mixgate_step_seconds", "Median recent step time", value=load.recent_step_s
             )
+        if load.step_cost is not None:
+            yield GaugeMetricFamily(
+                "mixgate_step_cost_fixed_seconds",
+                "Recent steps fit as fixed + per token: the fixed part (bulk drain predictions)",
+                value=load.step_cost.fixed_s,
+            )
+            yield GaugeMetricFamily(
+                "mixgate_step_cost_token_seconds",
+                "Recent steps fit as fixed + per token: the part per scheduled token",
+                value=load.step_cost.token_s,
+            )
         if load.threads is not None:
             yield GaugeMetricFamily(
                 "mixgate_engine_threads",

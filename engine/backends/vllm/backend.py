@@ -208,6 +208,7 @@ class VllmAsyncEngine:
             recent_step_s=stats.history.recent_step_s(),
             prefill_tokens_per_s=stats.history.rate_tokens_per_s("prefill"),
             decode_tokens_per_s=stats.history.rate_tokens_per_s("decode"),
+            step_cost=stats.history.step_cost(),
             total_preemptions=stats.total_preemptions,
             steps=stats.history.total_steps,
         )
