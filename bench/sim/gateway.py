@@ -1,7 +1,9 @@
 """The gateway's part of a simulated run: admission, the class queues, the dispatcher's claims.
 
 The decisions are the live service's own: `policies.admission.decide_admission` with the same
-`AdmissionConfig` and envelope (`gateway_envelope` for the baseline presets), the engine's
+`AdmissionConfig` and envelope (`gateway_envelope` for the baseline presets), the engine's rates
+and the envelope's limits as the live gateway reads them (`gateway.admission.service.
+engine_rates`: the simulated engine keeps the same step history and step fit), the engine's
 `validate`, `policies.aging.pick_class` with the envelope's bulk offset for the claim, the
 dispatcher's slots per class (interactive all of `max_active_seqs`, bulk less the reserve),
 and expiry at claim of work whose deadline passed while it waited.
@@ -22,7 +24,7 @@ from engine.core.errors import RequestValidationError
 from engine.core.request import GenerationRequest
 from engine.core.sampling_params import SamplingParams
 from engine.sim.engine import SimulatedEngine
-from gateway.admission.service import FALLBACK_DECODE_TOKENS_PER_S, FALLBACK_PREFILL_TOKENS_PER_S
+from gateway.admission.service import FALLBACK_INTERACTIVE_PROMPT_TOKENS, engine_rates
 from policies.admission import (
     AdmissionConfig,
     EngineRates,
@@ -50,6 +52,8 @@ class SimJob:
     max_tokens: int
     enqueue_s: float  # engine clock
     deadline_at_s: float  # engine clock; claimed after this, it expires instead
+    # Admission's prediction, as the live gateway's x-mixgate-predicted-ttft-ms header.
+    predicted_ttft_s: float | None = None
     claimed: bool = False
 
 
@@ -112,15 +116,9 @@ class SimGateway:
     # -- admission ---------------------------------------------------------------------------
 
     def _rates(self) -> EngineRates:
-        load = self.engine.load()
-        prefill, decode = load.prefill_tokens_per_s, load.decode_tokens_per_s
-        return EngineRates(
-            prefill_tokens_per_s=prefill or FALLBACK_PREFILL_TOKENS_PER_S,
-            decode_tokens_per_s=decode or FALLBACK_DECODE_TOKENS_PER_S,
-            running_interactive_seqs=load.running_by_class.get(RequestClass.INTERACTIVE, 0),
-            running_bulk_seqs=load.running_by_class.get(RequestClass.BULK, 0),
-            measured=bool(prefill and decode),
-        )
+        # NOTE: a chat waiting in the engine counts as the live gateway's first guess of a
+        # prompt (it keeps a moving average of admitted prompts; this one does not).
+        return engine_rates(self.engine.load(), self.envelope, FALLBACK_INTERACTIVE_PROMPT_TOKENS)
 
     def admit(
         self,
@@ -164,7 +162,14 @@ class SimGateway:
         now_s = self.engine.clock()
         deadline_at_s = now_s + decision.deadline_s
         job = SimJob(
-            request_id, request_class, prompt_tokens, make_prompt, max_tokens, now_s, deadline_at_s
+            request_id,
+            request_class,
+            prompt_tokens,
+            make_prompt,
+            max_tokens,
+            now_s,
+            deadline_at_s,
+            predicted_ttft_s=decision.predicted_ttft_s,
         )
         self.queues[request_class].add(job)
         return job

@@ -233,6 +233,7 @@ class _Loop:
             self._finish(live, pause_s=(answer.retry_after_s or 1.0) if rejected else 0.001)
             return
         record.status_code = 200 if cls is RequestClass.INTERACTIVE else 202
+        record.predicted_ttft_s = answer.predicted_ttft_s
         live.job = answer
         self.live[record.request_id] = live
         cancel = planned.cancel

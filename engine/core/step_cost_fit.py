@@ -6,10 +6,15 @@ leaves the window), kept as running sums so that the fit after every step is a f
 arithmetic operations, not a pass over the window: the load snapshot that carries it is made
 after every step. Token sums are Python ints (exact); only the time sums are floats.
 
-A fit is given only where the window can tell the per-token cost from the fixed part: enough
-steps, a spread in their token counts, and neither part below zero (a negative one means the
-window's steps do not follow the linear shape, e.g. a few steps inflated by a busy machine).
-Otherwise `fit()` is None and admission keeps its per-kind rates.
+The per-token cost is fit only where the window can tell it from the fixed part: enough steps,
+a spread in their token counts, and neither part below zero (a negative one means the window's
+steps do not follow the linear shape, e.g. a few steps inflated by a busy machine). Where it
+cannot, the last per-token cost fit is kept and the fixed part re-anchored on this window's
+mean step: a steady backlog runs steps of one size (a bulk chunk and a full batch of decodes),
+which is exactly when admission predicts its drain, and its mean step is what the prediction
+needs. Dropping to admission's per-kind rates there instead made a simulated GPU backlog's
+predicted bulk TTFT jump from ~1x to 4x the measured one whenever the steps evened out. With no
+per-token cost fit yet, `fit()` is None and admission keeps its per-kind rates.
 """
 
 from __future__ import annotations
@@ -30,6 +35,8 @@ class StepCostFit:
         self.steps = 0
         self._tokens = self._tokens_sq = 0
         self._time_s = self._time_tokens = 0.0
+        # The per-token cost of the last window that could tell it apart.
+        self._last_token_s: float | None = None
 
     def add(self, tokens: int, duration_s: float, sign: int = 1) -> None:
         """Count a step in (`sign` +1) or take it off (-1) the window."""
@@ -45,10 +52,16 @@ class StepCostFit:
             return None
         mean_tokens, mean_s = self._tokens / n, self._time_s / n
         variance = self._tokens_sq / n - mean_tokens * mean_tokens
-        if variance < MIN_TOKEN_VARIANCE:
+        if variance >= MIN_TOKEN_VARIANCE:
+            token_s = (self._time_tokens / n - mean_tokens * mean_s) / variance
+            fixed_s = mean_s - token_s * mean_tokens
+            if fixed_s >= 0.0 and token_s >= 0.0 and fixed_s + token_s > 0.0:
+                self._last_token_s = token_s
+                return StepCost(fixed_s, token_s)
+        if self._last_token_s is None:
             return None
-        token_s = (self._time_tokens / n - mean_tokens * mean_s) / variance
-        fixed_s = mean_s - token_s * mean_tokens
-        if fixed_s < 0.0 or token_s < 0.0 or fixed_s + token_s <= 0.0:
+        # Re-anchored: the last per-token cost through this window's mean step.
+        fixed_s = mean_s - self._last_token_s * mean_tokens
+        if fixed_s < 0.0 or fixed_s + self._last_token_s <= 0.0:
             return None
-        return StepCost(fixed_s, token_s)
+        return StepCost(fixed_s, self._last_token_s)

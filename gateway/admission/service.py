@@ -59,6 +59,39 @@ def _prompt_part(queued_tokens: int, share: _PromptShare) -> int:
     return min(queued_tokens, max(1, int(queued_tokens * share.share)))
 
 
+def engine_rates(
+    load: LoadSnapshot | None, envelope: Envelope, mean_interactive_prompt_tokens: float
+) -> EngineRates:
+    """What admission reads of the engine (its load snapshot) and of the envelope's limits;
+    the simulator's gateway (bench/sim/gateway.py) reads the same."""
+    prefill = load.prefill_tokens_per_s if load else None
+    decode = load.decode_tokens_per_s if load else None
+    running = load.running_by_class if load else {}
+    waiting_interactive = load.waiting_by_class.get(RequestClass.INTERACTIVE, 0) if load else 0
+    slots = envelope.slots_by_class()
+    return EngineRates(
+        prefill_tokens_per_s=prefill or FALLBACK_PREFILL_TOKENS_PER_S,
+        decode_tokens_per_s=decode or FALLBACK_DECODE_TOKENS_PER_S,
+        running_interactive_seqs=running.get(RequestClass.INTERACTIVE, 0),
+        running_bulk_seqs=running.get(RequestClass.BULK, 0),
+        measured=bool(prefill and decode),
+        # The most bulk prefill one step carries: the chunk cap, or the aged guarantee.
+        bulk_step_tokens=max(
+            envelope.bulk_prefill_chunk_tokens,
+            math.ceil(envelope.bulk_min_share * envelope.step_token_budget),
+        ),
+        # The dispatcher claims interactive work while the engine has a slot for it.
+        interactive_slots=slots[RequestClass.INTERACTIVE],
+        waiting_interactive_prompt_tokens=round(
+            waiting_interactive * mean_interactive_prompt_tokens
+        ),
+        recent_step_s=load.recent_step_s if load and load.recent_step_s else None,
+        step_cost=load.step_cost if load else None,
+        step_token_budget=envelope.step_token_budget,
+        bulk_slots=slots[RequestClass.BULK],
+    )
+
+
 class AdmissionService:
     def __init__(
         self,
@@ -88,32 +121,8 @@ class AdmissionService:
             )
 
     def rates(self) -> EngineRates:
-        load = self._engine_load()
-        prefill = load.prefill_tokens_per_s if load else None
-        decode = load.decode_tokens_per_s if load else None
-        running = load.running_by_class if load else {}
-        waiting_interactive = load.waiting_by_class.get(RequestClass.INTERACTIVE, 0) if load else 0
-        envelope = self.envelope
-        return EngineRates(
-            prefill_tokens_per_s=prefill or FALLBACK_PREFILL_TOKENS_PER_S,
-            decode_tokens_per_s=decode or FALLBACK_DECODE_TOKENS_PER_S,
-            running_interactive_seqs=running.get(RequestClass.INTERACTIVE, 0),
-            running_bulk_seqs=running.get(RequestClass.BULK, 0),
-            measured=bool(prefill and decode),
-            # The most bulk prefill one step carries: the chunk cap, or the aged guarantee.
-            bulk_step_tokens=max(
-                envelope.bulk_prefill_chunk_tokens,
-                math.ceil(envelope.bulk_min_share * envelope.step_token_budget),
-            ),
-            # The dispatcher claims interactive work while the engine has a slot for it.
-            interactive_slots=envelope.slots_by_class()[RequestClass.INTERACTIVE],
-            waiting_interactive_prompt_tokens=round(
-                waiting_interactive * self._mean_interactive_prompt_tokens
-            ),
-            recent_step_s=load.recent_step_s if load and load.recent_step_s else None,
-            step_cost=load.step_cost if load else None,
-            step_token_budget=envelope.step_token_budget,
-            bulk_slots=envelope.slots_by_class()[RequestClass.BULK],
+        return engine_rates(
+            self._engine_load(), self.envelope, self._mean_interactive_prompt_tokens
         )
 
     async def decide(self, shape: RequestShape) -> AdmissionDecision:

@@ -66,7 +66,7 @@ def test_too_few_steps_give_no_fit() -> None:
     assert fit.fit() is None
 
 
-def test_steps_of_one_size_cannot_tell_the_per_token_cost_from_the_fixed_part() -> None:
+def test_steps_of_one_size_give_no_fit_before_any_other_window_did() -> None:
     fit = StepCostFit()
     for index in range(100):
         tokens = 144 + index % 3  # a bulk chunk and ~16 decodes, step after step
@@ -102,3 +102,23 @@ def test_the_fit_crosses_the_engine_process_boundary_as_data() -> None:
     )
     message = StepOutputs(outputs=[], rejections=[], load=load, steps=[])
     assert output_decoder.decode(output_encoder.encode(message)) == message
+
+
+def test_steps_of_one_size_keep_the_last_per_token_cost_through_their_mean() -> None:
+    # A backlog's steady steps (one chunk, a full batch) cannot show the per-token cost; the
+    # one fit before them is kept, the fixed part re-anchored on their mean step.
+    fit = StepCostFit()
+    for index in range(100):
+        tokens = 32 * (index % 8)
+        fit.add(tokens, step_s(tokens))
+    assert fit.fit() is not None
+    steady = StepCostFit()  # the same steps with no earlier window
+    for index in range(100):
+        fit.add(32 * (index % 8), step_s(32 * (index % 8)), sign=-1)
+        fit.add(150, 0.030)  # slower than the old line predicts for 150 tokens
+        steady.add(150, 0.030)
+    assert steady.fit() is None  # nothing to go on without an earlier window
+    cost = fit.fit()
+    assert cost is not None
+    assert cost.token_s == pytest.approx(TOKEN_S, rel=1e-6)
+    assert cost.step_s(150) == pytest.approx(0.030, rel=1e-6)
