@@ -36,9 +36,12 @@ Model (every assumption here is optimistic or pessimistic on purpose, and says w
   prompt share (``queued_prompt_tokens == 0``), everything costs output tokens: pessimistic.
   Interactive prediction needs the share (the admission service estimates it).
 - A new sequence joins the running batch at a step boundary, so the work left in running
-  sequences does not delay its start; it shares the decode rate with them, at
-  ``decode_tokens_per_s / (running + 1)`` per sequence. That assumes the aggregate does not
-  grow when it joins, which is pessimistic where decode is memory-bound.
+  sequences does not delay its start; it then makes one token a step, at the engine's recent
+  step time (``EngineRates.per_sequence_token_s``). Until steps are measured it shares the
+  decode rate with them, at ``decode_tokens_per_s / (running + 1)`` per sequence, which
+  assumes the aggregate does not grow when it joins: pessimistic where decode is memory-bound.
+  (Under `mixed`'s backlog a bulk job made a token every 28 ms on vLLM and 12 ms on the native
+  engine, about one a step: `bench breakdown`'s records.)
 - ``safety_factor`` (>= 1) scales predictions before they are compared with a deadline, to
   cover what the estimate omits. The decision reports the unscaled predictions.
 - Arrivals after this request are ignored: new interactive work can still overtake bulk.
@@ -314,7 +317,7 @@ def decide_admission(
     else:
         start_s = _interactive_start_s(own_queue, rates, _bulk_chunk_s(queues, rates))
     ttft_s = start_s + prefill_s
-    finish_s = ttft_s + shape.max_tokens / rates.per_sequence_decode_tokens_per_s
+    finish_s = ttft_s + shape.max_tokens * rates.per_sequence_token_s
 
     interactive = cls is RequestClass.INTERACTIVE
     default_deadline_s = (

@@ -12,8 +12,8 @@ lately. Both make the drain of a bulk backlog look several times longer than it 
 
 `bench breakdown --workload mixed` (a 400-job burst; 2-vCPU AMD EPYC) showed it: bulk's
 predicted TTFT was 129 s on average against 20 s measured on the vLLM backend, 66 s against 19
-s on the native engine, a prediction a job with a deadline is refused by. By this model: 25 s
-against 18.5 s, and 19.6 s against 19.7 s.
+s on the native engine, a prediction a job with a deadline is refused by. By this model: 20.5 s
+against 19.0 s, and 20.1 s against 19.8 s.
 
 `StepCost` is the engine's recent steps fit as `fixed_s + token_s * tokens`
 (`engine/core/step_cost_fit.py`; on vLLM's CPU backend with `small`, about 10 ms + 0.06 ms per

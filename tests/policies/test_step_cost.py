@@ -109,3 +109,15 @@ def test_without_a_fit_or_a_per_step_limit_the_per_kind_rates_stay() -> None:
 def test_nonsense_values_raise(build: object) -> None:
     with pytest.raises(ValueError):
         build()  # type: ignore[operator]
+
+
+def test_a_bulk_jobs_own_decode_takes_one_recent_step_per_token() -> None:
+    # Empty queues, 20 ms steps: 1,280 prompt tokens at 5,000/s = 0.256 s, then 128 tokens at
+    # one a step = 2.56 s. By the shared decode rate (150 / 1 running) it was 128 / 150 s.
+    measured = dataclasses.replace(WITH_FIT, recent_step_s=0.02)
+    queues = {INTERACTIVE: QueueState(0, 0, 64), BULK: QueueState(0, 0, 10_000)}
+    shape = RequestShape(BULK, prompt_tokens=1280, max_tokens=128)
+    decision = decide_admission(shape, LIMITS, queues, measured, EXACT)
+    assert decision.predicted_finish_s == pytest.approx(0.256 + 2.56)
+    unmeasured = decide_admission(shape, LIMITS, queues, WITH_FIT, EXACT)
+    assert unmeasured.predicted_finish_s == pytest.approx(0.256 + 128 / 150)
