@@ -53,9 +53,6 @@ class StepCost:
         if self.fixed_s + self.token_s <= 0.0:
             raise ValueError("a step must cost something")
 
-    def step_s(self, tokens: int) -> float:
-        return self.fixed_s + self.token_s * tokens
-
     def drain_s(
         self,
         prompt_tokens: int,

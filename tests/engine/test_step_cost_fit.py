@@ -121,4 +121,4 @@ def test_steps_of_one_size_keep_the_last_per_token_cost_through_their_mean() -> 
     cost = fit.fit()
     assert cost is not None
     assert cost.token_s == pytest.approx(TOKEN_S, rel=1e-6)
-    assert cost.step_s(150) == pytest.approx(0.030, rel=1e-6)
+    assert cost.fixed_s + cost.token_s * 150 == pytest.approx(0.030, rel=1e-6)
