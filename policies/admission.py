@@ -35,11 +35,17 @@ Model (every assumption here is optimistic or pessimistic on purpose, and says w
   other: pessimistic, several times over under a backlog. When a queue does not know its
   prompt share (``queued_prompt_tokens == 0``), everything costs output tokens: pessimistic.
   Interactive prediction needs the share (the admission service estimates it).
-- A new sequence joins the running batch at a step boundary, so the work left in running
-  sequences does not delay its start; it then makes one token a step, at the engine's recent
-  step time (``EngineRates.per_sequence_token_s``). Until steps are measured it shares the
-  decode rate with them, at ``decode_tokens_per_s / (running + 1)`` per sequence, which
-  assumes the aggregate does not grow when it joins: pessimistic where decode is memory-bound.
+  A bulk request also waits for this replica's own bulk jobs in flight, which left the queue
+  when they were claimed: their prompts not yet prefilled, and, while they hold every bulk
+  slot, the decodes that free one (``EngineRates.bulk_start_s``,
+  ``policies/in_flight_work.py``). Other replicas' jobs in flight are not counted: they run on
+  other engines.
+- A new sequence joins the running batch at a step boundary, so (with a slot free) the work
+  left in running sequences does not delay its start; it then makes one token a step, at the
+  engine's recent step time (``EngineRates.per_sequence_token_s``). Until steps are measured
+  it shares the decode rate with them, at ``decode_tokens_per_s / (running + 1)`` per
+  sequence, which assumes the aggregate does not grow when it joins: pessimistic where decode
+  is memory-bound.
   (Under `mixed`'s backlog a bulk job made a token every 28 ms on vLLM and 12 ms on the native
   engine, about one a step: `bench breakdown`'s records.)
 - ``safety_factor`` (>= 1) scales predictions before they are compared with a deadline, to
@@ -54,8 +60,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from policies.admission_decision import AdmissionDecision, Rejection
+from policies.engine_rates import EngineRates, require_positive_finite
+from policies.queue_state import QueueState
 from policies.request_class import RequestClass
-from policies.step_cost import StepCost
 
 __all__ = [
     "AdmissionConfig",
@@ -67,11 +74,6 @@ __all__ = [
     "RequestShape",
     "decide_admission",
 ]
-
-
-def _require_positive_finite(name: str, value: float) -> None:
-    if not (math.isfinite(value) and value > 0):
-        raise ValueError(f"{name} must be positive and finite, got {value!r}")
 
 
 @dataclass(frozen=True, slots=True)
@@ -89,7 +91,7 @@ class RequestShape:
         if self.max_tokens < 1:
             raise ValueError("max_tokens must be at least 1 (the request schema rejects less)")
         if self.deadline_s is not None:
-            _require_positive_finite("deadline_s", self.deadline_s)
+            require_positive_finite("deadline_s", self.deadline_s)
 
 
 @dataclass(frozen=True, slots=True)
@@ -111,95 +113,6 @@ class LengthLimits:
 
 
 @dataclass(frozen=True, slots=True)
-class QueueState:
-    """One class's pending queue as the gateway last read it."""
-
-    depth: int  # pending requests
-    queued_tokens: int  # sum of prompt_tokens + max_tokens over pending requests
-    queue_limit: int  # depth at which the queue is full
-    # The prompt part of queued_tokens, drained at the faster prefill rate; 0 when unknown.
-    queued_prompt_tokens: int = 0
-
-    def __post_init__(self) -> None:
-        if self.depth < 0 or self.queued_tokens < 0:
-            raise ValueError("depth and queued_tokens must be non-negative")
-        if self.queue_limit < 1:
-            raise ValueError("queue_limit must be at least 1")
-        if not 0 <= self.queued_prompt_tokens <= self.queued_tokens:
-            raise ValueError("queued_prompt_tokens must be in [0, queued_tokens]")
-
-
-@dataclass(frozen=True, slots=True)
-class EngineRates:
-    prefill_tokens_per_s: float  # prompt tokens the engine processes per second
-    decode_tokens_per_s: float  # output tokens per second, all running sequences together
-    running_interactive_seqs: int
-    running_bulk_seqs: int
-    measured: bool  # True: measured by the engine; False: the cost model's estimate
-    # The most bulk prefill tokens one step carries (the envelope's bulk chunk, or the aged
-    # bulk guarantee if larger): what bounds the step an interactive request cannot cut short.
-    bulk_step_tokens: int = 0
-    # Sequences the interactive class may run at once (0: no bound known).
-    interactive_slots: int = 0
-    # Prompt tokens of interactive sequences in the engine that are not yet scheduled.
-    waiting_interactive_prompt_tokens: int = 0
-    # The engine's recent step time (None until measured): a running sequence's time per token.
-    recent_step_s: float | None = None
-    # The engine's steps fit as fixed + per-token costs (None until separable), and the per-step
-    # limits a queue drains at by it (0: unknown): the step budget, bulk's sequences.
-    step_cost: StepCost | None = None
-    step_token_budget: int = 0
-    bulk_slots: int = 0
-
-    def __post_init__(self) -> None:
-        _require_positive_finite("prefill_tokens_per_s", self.prefill_tokens_per_s)
-        _require_positive_finite("decode_tokens_per_s", self.decode_tokens_per_s)
-        if self.running_interactive_seqs < 0 or self.running_bulk_seqs < 0:
-            raise ValueError("running sequence counts must be non-negative")
-        if min(self.bulk_step_tokens, self.interactive_slots) < 0:
-            raise ValueError("bulk_step_tokens and interactive_slots must be non-negative")
-        if min(self.step_token_budget, self.bulk_slots) < 0:
-            raise ValueError("step_token_budget and bulk_slots must be non-negative")
-        if self.waiting_interactive_prompt_tokens < 0:
-            raise ValueError("waiting_interactive_prompt_tokens must be non-negative")
-        if self.recent_step_s is not None:
-            _require_positive_finite("recent_step_s", self.recent_step_s)
-
-    @property
-    def per_sequence_token_s(self) -> float:
-        """Seconds between two tokens of one running sequence: it gets one token per step."""
-        if self.recent_step_s is not None:
-            return self.recent_step_s
-        return 1.0 / self.per_sequence_decode_tokens_per_s
-
-    @property
-    def per_sequence_decode_tokens_per_s(self) -> float:
-        """The decode rate one more sequence would get: an equal share with those running."""
-        sharing_seqs = self.running_interactive_seqs + self.running_bulk_seqs + 1
-        return self.decode_tokens_per_s / sharing_seqs
-
-    def drain_s(self, queue: QueueState, request_class: RequestClass) -> float:
-        """Seconds to process a class's queued work at these rates (the module docstring)."""
-        output_tokens = queue.queued_tokens - queue.queued_prompt_tokens
-        return self.work_s(queue.queued_prompt_tokens, output_tokens, request_class)
-
-    def work_s(self, prompt_tokens: int, output_tokens: int, request_class: RequestClass) -> float:
-        """Seconds to run a class's prefill and decode work, by the step fit where there is
-        one (its per-step limits), else the per-kind rates one after the other."""
-        bulk = request_class is RequestClass.BULK
-        prefill_per_step = (self.bulk_step_tokens if bulk else 0) or self.step_token_budget
-        seqs_per_step = self.bulk_slots if bulk else self.interactive_slots
-        if self.step_cost is not None and prefill_per_step and seqs_per_step:
-            return self.step_cost.drain_s(
-                prompt_tokens,
-                output_tokens,
-                prefill_tokens_per_step=prefill_per_step,
-                seqs_per_step=seqs_per_step,
-            )
-        return prompt_tokens / self.prefill_tokens_per_s + output_tokens / self.decode_tokens_per_s
-
-
-@dataclass(frozen=True, slots=True)
 class AdmissionConfig:
     interactive_ttft_target_s: float = 2.0  # TTFT deadline when the request sets none
     bulk_default_deadline_s: float = 3600.0  # completion deadline when the job sets none
@@ -208,8 +121,8 @@ class AdmissionConfig:
     safety_factor: float = 1.25
 
     def __post_init__(self) -> None:
-        _require_positive_finite("interactive_ttft_target_s", self.interactive_ttft_target_s)
-        _require_positive_finite("bulk_default_deadline_s", self.bulk_default_deadline_s)
+        require_positive_finite("interactive_ttft_target_s", self.interactive_ttft_target_s)
+        require_positive_finite("bulk_default_deadline_s", self.bulk_default_deadline_s)
         if not (math.isfinite(self.safety_factor) and self.safety_factor >= 1.0):
             raise ValueError(f"safety_factor must be finite and >= 1, got {self.safety_factor}")
 
@@ -309,11 +222,12 @@ def decide_admission(
 
     # Work ahead: its own class, and for bulk also the interactive queue served before it.
     ahead_other_s = 0.0
-    own_queue_drain_s = rates.drain_s(own_queue, cls)
     prefill_s = shape.prompt_tokens / rates.prefill_tokens_per_s
     if cls is RequestClass.BULK:
+        if rates.bulk_prefill is not None:
+            prefill_s = rates.bulk_prefill.drain_s(shape.prompt_tokens, 0, 0)
         ahead_other_s = rates.drain_s(queues[RequestClass.INTERACTIVE], RequestClass.INTERACTIVE)
-        start_s = ahead_other_s + own_queue_drain_s
+        start_s = ahead_other_s + rates.bulk_start_s(own_queue)
     else:
         start_s = _interactive_start_s(own_queue, rates, _bulk_chunk_s(queues, rates))
     ttft_s = start_s + prefill_s
@@ -342,7 +256,7 @@ def decide_admission(
 
     if own_queue.depth >= own_queue.queue_limit:
         excess = own_queue.depth - own_queue.queue_limit + 1
-        wait_s = ahead_other_s + own_queue_drain_s * excess / own_queue.depth
+        wait_s = ahead_other_s + rates.drain_s(own_queue, cls) * excess / own_queue.depth
         return decision(
             Rejection.overloaded(
                 "queue_full",

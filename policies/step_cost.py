@@ -60,10 +60,18 @@ class StepCost:
         *,
         prefill_tokens_per_step: int,
         seqs_per_step: int,
+        output_tokens_beside: int = 0,
     ) -> float:
         """Seconds to run `prompt_tokens` of prefill and `output_tokens` of decode when a step
-        carries at most `prefill_tokens_per_step` of the one and `seqs_per_step` of the other."""
+        carries at most `prefill_tokens_per_step` of the one and `seqs_per_step` of the other.
+
+        `output_tokens_beside`: decode tokens that run in the same steps without bounding them
+        (sequences that go on after the drain ends); they fill what room the steps have left,
+        `seqs_per_step` a step, and cost only their own part."""
         if prefill_tokens_per_step < 1 or seqs_per_step < 1:
             raise ValueError("prefill_tokens_per_step and seqs_per_step must be >= 1")
+        if min(prompt_tokens, output_tokens, output_tokens_beside) < 0:
+            raise ValueError("token counts must be non-negative")
         steps = max(prompt_tokens / prefill_tokens_per_step, output_tokens / seqs_per_step)
-        return steps * self.fixed_s + (prompt_tokens + output_tokens) * self.token_s
+        beside = min(output_tokens_beside, steps * seqs_per_step - output_tokens)
+        return steps * self.fixed_s + (prompt_tokens + output_tokens + beside) * self.token_s

@@ -25,6 +25,7 @@ from engine.core.request import GenerationRequest
 from engine.core.sampling_params import SamplingParams
 from engine.sim.engine import SimulatedEngine
 from gateway.admission.service import FALLBACK_INTERACTIVE_PROMPT_TOKENS, engine_rates
+from gateway.dispatch.work_in_flight import WorkInFlight
 from policies.admission import (
     AdmissionConfig,
     EngineRates,
@@ -111,6 +112,8 @@ class SimGateway:
         self.queues = {c: _Queue() for c in RequestClass}
         self.slots = envelope.slots_by_class()
         self.in_flight = dict.fromkeys(RequestClass, 0)
+        # As the live dispatcher's: what claimed jobs still have to run (admission reads bulk's).
+        self.work = WorkInFlight()
         self.offsets = ClassOffsets(bulk_ms=envelope.bulk_class_offset_ms)
 
     # -- admission ---------------------------------------------------------------------------
@@ -118,7 +121,12 @@ class SimGateway:
     def _rates(self) -> EngineRates:
         # NOTE: a chat waiting in the engine counts as the live gateway's first guess of a
         # prompt (it keeps a moving average of admitted prompts; this one does not).
-        return engine_rates(self.engine.load(), self.envelope, FALLBACK_INTERACTIVE_PROMPT_TOKENS)
+        return engine_rates(
+            self.engine.load(),
+            self.envelope,
+            FALLBACK_INTERACTIVE_PROMPT_TOKENS,
+            self.work.of(RequestClass.BULK),
+        )
 
     def admit(
         self,
@@ -197,6 +205,7 @@ class SimGateway:
                 continue
             job.claimed = True
             self.in_flight[request_class] += 1
+            self.work.start(job.request_id, request_class, job.prompt_tokens, job.max_tokens)
             self.engine.add_request(
                 self._generation_request(
                     job.request_id,
@@ -213,6 +222,12 @@ class SimGateway:
         if job.claimed:
             job.claimed = False
             self.in_flight[job.request_class] -= 1
+            self.work.end(job.request_id)
+
+    def made_tokens(self, job: SimJob, count: int) -> None:
+        """A claimed job's engine output carried `count` tokens."""
+        if job.claimed:
+            self.work.made_tokens(job.request_id, count)
 
     def cancel(self, job: SimJob) -> None:
         """The client went away: out of the queue, or aborted in the engine."""

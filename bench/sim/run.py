@@ -278,6 +278,8 @@ class _Loop:
             if live is None:
                 continue  # warm-up, or aborted in the same step
             self._on_tokens(live, len(output.new_token_ids), now_s)
+            if live.job is not None and output.new_token_ids:
+                self.gateway.made_tokens(live.job, len(output.new_token_ids))
             if output.finished:
                 self._completed(live, output, now_s)
             elif self._cancel_now(live):

@@ -240,6 +240,7 @@ class LLMEngine:
             prefill_tokens_per_s=self.history.rate_tokens_per_s("prefill"),
             decode_tokens_per_s=self.history.rate_tokens_per_s("decode"),
             step_cost=self.history.step_cost(),
+            bulk_prefill=self.history.bulk_prefill_pace(),
             total_preemptions=self.history.total_preemptions,
             steps=self.history.total_steps,
         )

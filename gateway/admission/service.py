@@ -23,6 +23,7 @@ from policies.admission import (
     decide_admission,
 )
 from policies.envelope import Envelope
+from policies.in_flight_work import NO_WORK_IN_FLIGHT, InFlightWork
 from policies.request_class import RequestClass
 
 # Until the engine has measured itself (warm-up does), admission assumes these CPU-scale
@@ -60,10 +61,14 @@ def _prompt_part(queued_tokens: int, share: _PromptShare) -> int:
 
 
 def engine_rates(
-    load: LoadSnapshot | None, envelope: Envelope, mean_interactive_prompt_tokens: float
+    load: LoadSnapshot | None,
+    envelope: Envelope,
+    mean_interactive_prompt_tokens: float,
+    bulk_in_flight: InFlightWork = NO_WORK_IN_FLIGHT,
 ) -> EngineRates:
-    """What admission reads of the engine (its load snapshot) and of the envelope's limits;
-    the simulator's gateway (bench/sim/gateway.py) reads the same."""
+    """What admission reads of the engine (its load snapshot), of the envelope's limits and of
+    the replica's own bulk jobs in flight; the simulator's gateway (bench/sim/gateway.py)
+    reads the same."""
     prefill = load.prefill_tokens_per_s if load else None
     decode = load.decode_tokens_per_s if load else None
     running = load.running_by_class if load else {}
@@ -89,6 +94,8 @@ def engine_rates(
         step_cost=load.step_cost if load else None,
         step_token_budget=envelope.step_token_budget,
         bulk_slots=slots[RequestClass.BULK],
+        bulk_in_flight=bulk_in_flight,
+        bulk_prefill=load.bulk_prefill if load else None,
     )
 
 
@@ -99,11 +106,15 @@ class AdmissionService:
         envelope: Envelope,
         config: AdmissionConfig,
         engine_load: Callable[[], LoadSnapshot | None],
+        bulk_in_flight: Callable[[], InFlightWork] | None = None,
     ):
+        """`bulk_in_flight`: this replica's bulk jobs' work still to run (none without a
+        dispatcher)."""
         self.store = store
         self.envelope = envelope
         self.config = config
         self._engine_load = engine_load
+        self._bulk_in_flight = bulk_in_flight or (lambda: NO_WORK_IN_FLIGHT)
         self._prompt_share = {c: _PromptShare() for c in RequestClass}
         # Exponential average of admitted chat prompts: the size of one not yet scheduled.
         self._mean_interactive_prompt_tokens = FALLBACK_INTERACTIVE_PROMPT_TOKENS
@@ -122,7 +133,10 @@ class AdmissionService:
 
     def rates(self) -> EngineRates:
         return engine_rates(
-            self._engine_load(), self.envelope, self._mean_interactive_prompt_tokens
+            self._engine_load(),
+            self.envelope,
+            self._mean_interactive_prompt_tokens,
+            self._bulk_in_flight(),
         )
 
     async def decide(self, shape: RequestShape) -> AdmissionDecision:

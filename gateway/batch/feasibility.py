@@ -1,10 +1,11 @@
 """Can a whole batch finish within its completion window, given the queues ahead of it?
 
-Pure arithmetic on `policies.admission`'s model (no I/O, no clock): the work queued ahead
-drains at the engine's rates (`EngineRates.drain_s`: interactive first, then bulk), then the
-batch's own prompt tokens and its output bound (the sum of its lines' max_tokens) as bulk work
-(`EngineRates.work_s`), since its lines run side by side. The prediction,
-scaled by admission's safety factor, must fit in the window.
+Pure arithmetic on `policies.admission`'s model (no I/O, no clock): the work ahead drains at
+the engine's rates (interactive first, `EngineRates.drain_s`; then the bulk queue and the
+replica's bulk jobs in flight, `EngineRates.bulk_start_s`), then the batch's own prompt tokens
+and its output bound (the sum of its lines' max_tokens) as bulk work (`EngineRates.bulk_work_s`:
+the measured bulk prefill pace where there is one), since its lines run side by side. The
+prediction, scaled by admission's safety factor, must fit in the window.
 """
 
 from __future__ import annotations
@@ -63,6 +64,7 @@ def predict_batch(
     rates: EngineRates,
     config: AdmissionConfig,
 ) -> BatchPrediction:
-    ahead_s = sum(rates.drain_s(queues[c], c) for c in RequestClass)
-    own_s = rates.work_s(work.prompt_tokens, work.output_tokens, RequestClass.BULK)
+    interactive, bulk = RequestClass.INTERACTIVE, RequestClass.BULK
+    ahead_s = rates.drain_s(queues[interactive], interactive) + rates.bulk_start_s(queues[bulk])
+    own_s = rates.bulk_work_s(work.prompt_tokens, work.output_tokens)
     return BatchPrediction(ahead_s, own_s, window_s, config.safety_factor)

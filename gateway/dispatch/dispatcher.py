@@ -44,6 +44,7 @@ from gateway.dispatch.notices import ScriptOutcomes
 from gateway.dispatch.retry import Backoff
 from gateway.dispatch.token_stream import TokenStreams
 from gateway.dispatch.waits import ClaimWaits
+from gateway.dispatch.work_in_flight import WorkInFlight
 from gateway.queue import AdmitResult, AdmitStatus, ClaimedJob, NewJob, QueueStore, ReclaimResult
 from gateway.runtime.bounded_cancel import cancel_and_wait
 from policies.request_class import RequestClass
@@ -94,6 +95,8 @@ class Dispatcher:
         self._redis = redis
         self._clock_ms = clock_ms
         self._backoff = Backoff(config.retry_initial_backoff_ms, config.retry_max_backoff_ms)
+        # What the held jobs still have to run: admission counts bulk's ahead of a new job.
+        self.work = WorkInFlight()
         self._runner = JobRunner(
             store=store,
             streams=streams,
@@ -105,6 +108,7 @@ class Dispatcher:
             backoff=self._backoff,
             counters=self.counters,
             on_first_token=self._first_token,
+            work=self.work,
         )
         self._outcomes = ScriptOutcomes(store, redis, streams, self.counters, self._backoff)
         self._cancels = CancelListener(
@@ -299,6 +303,8 @@ class Dispatcher:
             del self._unmatched_cancels[local.job_id]
             local.cancel_requested = True
         self._jobs[local.token] = local
+        # Its split is known once its task parses the request (JobRunner._request).
+        self.work.start(local.token, local.request_class, claimed.job.cost_tokens, 0)
         self._tasks[local.token] = asyncio.create_task(self._run(local), name=local.job_id)
         self._record(DispatchEventKind.CLAIMED, local)
 
@@ -314,6 +320,7 @@ class Dispatcher:
         finally:
             self._jobs.pop(local.token, None)
             self._tasks.pop(local.token, None)
+            self.work.end(local.token)
             self._waits.slot_freed.set()
 
     # -- leases ------------------------------------------------------------------------------

@@ -30,7 +30,7 @@ import redis.exceptions
 import structlog
 
 from engine.core.errors import EngineDeadError, RequestValidationError
-from engine.core.request import GenerationRequest, RequestMetrics, RequestOutput
+from engine.core.request import GenerationRequest, RequestOutput
 from engine.process.async_engine import AsyncEngine
 from gateway.dispatch.events import DispatchCounters, DispatchEvent, DispatchEventKind
 from gateway.dispatch.local_delivery import Route, is_watched
@@ -38,7 +38,9 @@ from gateway.dispatch.local_job import LocalJob
 from gateway.dispatch.notices import CANCELLED_EVENT
 from gateway.dispatch.retry import TRANSIENT_ERRORS, Backoff, retry_transient
 from gateway.dispatch.stream_event import DELTA, END, ERROR, event_json, local_event_id
+from gateway.dispatch.timings import timings_of
 from gateway.dispatch.token_stream import TokenStreams
+from gateway.dispatch.work_in_flight import WorkInFlight
 from gateway.queue import JobStatus, QueueStore
 from gateway.queue.payload import JobPayload
 from gateway.queue.redis_text import redis_text
@@ -46,7 +48,7 @@ from policies.request_class import RequestClass
 
 log = structlog.get_logger("mixgate.dispatcher")
 
-__all__ = ["JobRunner", "timings_of"]
+__all__ = ["JobRunner"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -54,28 +56,6 @@ class _Outcome:
     text: str
     # The finishing delta, or None when the loop left early (cancel, lost lease, drain).
     final: RequestOutput | None
-
-
-def timings_of(metrics: RequestMetrics | None) -> dict[str, Any]:
-    """The END event's timings (engine clock; arrival is the job's admission time)."""
-    if metrics is None:
-        return {}
-    return {
-        "queue_s": metrics.queue_delay_s,
-        # queue_s's first two parts (the rest is the wait in the engine's scheduler).
-        "dispatch_s": metrics.dispatch_s,
-        "accept_s": metrics.accept_s,
-        "ttft_s": metrics.ttft_s,
-        # The first token with text (None when the request had no detokenized output).
-        "text_ttft_s": metrics.text_ttft_s,
-        "e2e_s": metrics.e2e_s,
-        # Two instants, not spans: on the clock of GET /v1/engine/steps' started_s (the host's
-        # monotonic clock), so a reader can name the steps the request waited on.
-        "handed_at_s": metrics.handed_s,
-        "first_token_at_s": metrics.first_token_s,
-        "preemptions": metrics.num_preemptions,
-        "cached_prompt_tokens": metrics.num_cached_prompt_tokens,
-    }
 
 
 class JobRunner:
@@ -93,8 +73,10 @@ class JobRunner:
         backoff: Backoff,
         counters: DispatchCounters,
         on_first_token: Callable[[LocalJob], None] | None = None,
+        work: WorkInFlight | None = None,
     ) -> None:
-        """`on_first_token` hears each job's first token, on the event loop."""
+        """`on_first_token` hears each job's first token, on the event loop; `work` is told
+        each job's split once parsed and the tokens it makes (keyed by lease token)."""
         self._store = store
         self._streams = streams
         self._engine = engine
@@ -104,6 +86,7 @@ class JobRunner:
         self._backoff = backoff
         self._counters = counters
         self._on_first_token = on_first_token
+        self._work = work or WorkInFlight()
 
     async def run(self, local: LocalJob) -> None:
         """Run the job to a written outcome, or to nothing at all when the lease is not ours."""
@@ -165,6 +148,7 @@ class JobRunner:
         # Engine-clock time of admission, so the queue wait in Redis counts in TTFT.
         waited_s = max(0, self._clock_ms() - job.enqueue_ms) / 1000.0
         payload = local.payload = JobPayload.from_json(job.request_json)
+        self._work.update(local.token, len(payload.prompt_token_ids), payload.sampling.max_tokens)
         now_s = self._engine_clock_s()
         # Handed now: _run passes it to the engine with no await in between.
         return payload.generation_request(
@@ -183,6 +167,8 @@ class JobRunner:
             async for delta in deltas:
                 if local.stopping:
                     break
+                if delta.new_token_ids:
+                    self._work.made_tokens(local.token, len(delta.new_token_ids))
                 if delta.new_token_ids and not local.made_tokens:
                     local.made_tokens = True
                     if self._on_first_token is not None:

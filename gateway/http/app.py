@@ -36,7 +36,7 @@ from gateway.http import (
 from gateway.http.auth import OPEN_MODE_WARNING, ApiKeyStore, TokenBucketLimiter
 from gateway.http.errors import EXCEPTION_HANDLERS
 from gateway.http.logging_setup import RequestIdMiddleware
-from gateway.http.metrics import Metrics, engine_step_records
+from gateway.http.metrics import LocalJobsView, Metrics, engine_step_records
 from gateway.http.state import GatewayState
 from gateway.queue import Keys, QueueStore
 from gateway.runtime import redis_health
@@ -48,6 +48,7 @@ from gateway.runtime.warm_paths import warm_chat_path
 from policies.admission import AdmissionConfig
 from policies.aging import ClassOffsets
 from policies.envelope import Envelope, load_envelope
+from policies.in_flight_work import NO_WORK_IN_FLIGHT, InFlightWork
 from policies.request_class import RequestClass
 from policies.scheduling_policy import NO_DEADLINE_S, SchedulingPolicy, gateway_envelope
 
@@ -133,6 +134,7 @@ def create_app(settings: Settings, *, redis_client: aioredis.Redis | None = None
                 ),
             ),
             state.engine_load,
+            lambda: _bulk_in_flight(state),
         )
         state.batch = BatchRuntime.create(
             client, state.store, settings, envelope.queue_limit(RequestClass.BULK)
@@ -233,10 +235,18 @@ def _dispatch_events(state: GatewayState) -> dict[tuple[str, RequestClass], int]
     return {(kind.value, c): n for (kind, c), n in state.dispatcher.counters.snapshot().items()}
 
 
-def _local_jobs(state: GatewayState) -> tuple[dict[RequestClass, int], int] | None:
-    if state.dispatcher is None:
+def _local_jobs(state: GatewayState) -> LocalJobsView | None:
+    dispatcher = state.dispatcher
+    if dispatcher is None:
         return None
-    return state.dispatcher.in_flight(), state.dispatcher.unstarted_bulk()
+    work = {c: dispatcher.work.of(c) for c in RequestClass}
+    return dispatcher.in_flight(), dispatcher.unstarted_bulk(), work
+
+
+def _bulk_in_flight(state: GatewayState) -> InFlightWork:
+    if state.dispatcher is None:
+        return NO_WORK_IN_FLIGHT
+    return state.dispatcher.work.of(RequestClass.BULK)
 
 
 def _depths(state: GatewayState) -> dict[RequestClass, tuple[int, int]]:

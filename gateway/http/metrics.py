@@ -18,12 +18,20 @@ from prometheus_client.registry import Collector
 
 from engine.core.step_record import LoadSnapshot, StepRecord
 from gateway.admission.intake_lane import IntakeLane
+from gateway.http.metrics_dispatch import (
+    DispatchCollector,
+    IntakeCollector,
+    LocalJobsCollector,
+    LocalJobsView,
+)
 from policies.request_class import RequestClass
 
 LATENCY_BUCKETS_S = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300)
 LOOP_LAG_BUCKETS_S = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5)
 # The loop-lag probe sleeps this long and records how much later than asked it woke up.
 LOOP_LAG_PROBE_INTERVAL_S = 0.01
+
+__all__ = ["LocalJobsView", "Metrics", "engine_step_records"]
 
 
 class Metrics:
@@ -122,19 +130,18 @@ class Metrics:
         if step_records is not None:
             self.registry.register(_StepCollector(step_records))
         if dispatch_events is not None:
-            self.registry.register(_DispatchCollector(dispatch_events))
+            self.registry.register(DispatchCollector(dispatch_events))
 
-    def watch_local_jobs(
-        self, local_jobs: Callable[[], tuple[Mapping[RequestClass, int], int] | None]
-    ) -> None:
-        """Register the replica's local jobs per class and its unstarted bulk jobs (bulk claim
-        pacing's count: `DispatcherConfig.max_unstarted_bulk_jobs`); None before the
+    def watch_local_jobs(self, local_jobs: Callable[[], LocalJobsView | None]) -> None:
+        """Register the replica's local jobs per class, its unstarted bulk jobs (bulk claim
+        pacing's count: `DispatcherConfig.max_unstarted_bulk_jobs`) and the work they still
+        have to run (what bulk admission counts ahead of a new job); None before the
         dispatcher runs."""
-        self.registry.register(_LocalJobsCollector(local_jobs))
+        self.registry.register(LocalJobsCollector(local_jobs))
 
     def watch_intake(self, lane: IntakeLane) -> None:
         """Register the bulk intake lane's gauges (gateway/admission/intake_lane.py)."""
-        self.registry.register(_IntakeCollector(lane))
+        self.registry.register(IntakeCollector(lane))
 
     def render(self) -> bytes:
         return generate_latest(self.registry)
@@ -192,6 +199,17 @@ class _StateCollector(Collector):
                 "mixgate_step_cost_token_seconds",
                 "Recent steps fit as fixed + per token: the part per scheduled token",
                 value=load.step_cost.token_s,
+            )
+        if load.bulk_prefill is not None:
+            yield GaugeMetricFamily(
+                "mixgate_bulk_prefill_tokens_per_step",
+                "Bulk prompt tokens per step while bulk had prompts (bulk drain predictions)",
+                value=load.bulk_prefill.tokens_per_step,
+            )
+            yield GaugeMetricFamily(
+                "mixgate_bulk_prefill_step_seconds",
+                "Mean time of the steps in which bulk had prompts to prefill",
+                value=load.bulk_prefill.step_s,
             )
         if load.threads is not None:
             yield GaugeMetricFamily(
@@ -294,77 +312,6 @@ class _StepCollector(Collector):
             "mixgate_engine_steps_unseen",
             "Engine steps that left the record between two scrapes",
             value=self._unseen,
-        )
-
-
-class _DispatchCollector(Collector):
-    """The dispatcher's totals per event and class (claimed, completed, lease_lost, requeued,
-    ...): a soak's "no lease lost" and an operator's requeue rate are read from here."""
-
-    def __init__(self, dispatch_events: Callable[[], Mapping[tuple[str, RequestClass], int]]):
-        self._dispatch_events = dispatch_events
-
-    def collect(self) -> Iterable[Metric]:
-        events = CounterMetricFamily(
-            "mixgate_dispatch_events",
-            "Dispatcher events on this replica since start",
-            labels=["event", "class"],
-        )
-        for (kind, request_class), count in sorted(self._dispatch_events().items()):
-            events.add_metric([str(kind), request_class.value], count)
-        yield events
-
-
-class _LocalJobsCollector(Collector):
-    """What this replica holds: its jobs per class, and of bulk those without a token yet (at
-    the pacing limit, bulk waits in Redis for a first token here or for another replica)."""
-
-    def __init__(self, local_jobs: Callable[[], tuple[Mapping[RequestClass, int], int] | None]):
-        self._local_jobs = local_jobs
-
-    def collect(self) -> Iterable[Metric]:
-        snapshot = self._local_jobs()
-        if snapshot is None:
-            return
-        by_class, unstarted_bulk = snapshot
-        local = GaugeMetricFamily(
-            "mixgate_dispatch_local_jobs",
-            "Jobs this replica runs (claimed or started here, until their result is written)",
-            labels=["class"],
-        )
-        for request_class in RequestClass:
-            local.add_metric([request_class.value], by_class.get(request_class, 0))
-        yield local
-        yield GaugeMetricFamily(
-            "mixgate_dispatch_unstarted_bulk_jobs",
-            "Local bulk jobs the engine has given no token yet (bulk claim pacing's count)",
-            value=unstarted_bulk,
-        )
-
-
-class _IntakeCollector(Collector):
-    """Bulk intake's slots, and the chats that hold it to its lower limit."""
-
-    def __init__(self, lane: IntakeLane) -> None:
-        self._lane = lane
-
-    def collect(self) -> Iterable[Metric]:
-        lane = self._lane
-        yield GaugeMetricFamily(
-            "mixgate_job_intake_in_flight", "Job submissions in intake", value=lane.in_flight
-        )
-        yield GaugeMetricFamily(
-            "mixgate_job_intake_parked", "Job submissions waiting for a slot", value=lane.parked
-        )
-        yield GaugeMetricFamily(
-            "mixgate_job_intake_limit",
-            "Job submissions allowed at once now",
-            value=lane.current_limit(),
-        )
-        yield GaugeMetricFamily(
-            "mixgate_chats_awaiting_first_token",
-            "Chats between their admission and their first text (bulk intake yields to them)",
-            value=lane.chats_waiting,
         )
 
 

@@ -120,9 +120,9 @@ def test_a_calibrated_device_drives_the_step_times(tmp_path: Path) -> None:
     assert record.itls_s[0] > 0.004
 
 
-BULK_STREAM = """
-name = "bulk-stream"
-duration_s = 10.0
+BULK_BURST_UNDER_CHAT = """
+name = "bulk-burst-under-chat"
+duration_s = 30.0
 seed = 4
 
 [interactive]
@@ -131,31 +131,40 @@ prompt_tokens = {kind = "uniform", min = 64, max = 256}
 output_tokens = {kind = "fixed", value = 32}
 
 [bulk]
-arrival = {kind = "poisson", rate_per_s = 60.0}
 prompt_tokens = {kind = "uniform", min = 512, max = 1024}
 output_tokens = {kind = "uniform", min = 64, max = 128}
+
+[bulk.arrival]
+kind = "burst"
+rate_per_s = 0.0
+burst_rate_per_s = 60.0
+burst_start_s = 0.0
+burst_duration_s = 5.0
 """
 
 
-def test_admission_predicts_a_growing_backlogs_bulk_ttft_from_the_step_fit(
+def test_admission_predicts_each_bulk_jobs_ttft_behind_a_growing_backlog(
     gpu_spec: SimSpec,
 ) -> None:
-    # Bulk arrives faster than the engine drains it, so each job's predicted TTFT is the
-    # backlog ahead of it. The simulated engine keeps the live step history and fit, and the
-    # simulated gateway admits as the live one (gateway.admission.service.engine_rates).
-    # Admission's per-kind rates alone predicted 3x the measured mean here (31 s against 10 s,
-    # median measured/predicted 0.35): each step charged twice, decode at a few chats' batch.
+    # Bulk arrives for 5 s far faster than the engine drains it while chats go on throughout,
+    # so each job's predicted TTFT is the backlog ahead of it: the Redis queue, the jobs this
+    # replica already holds (their prompts, and the outputs that free a slot) and the bulk
+    # prefill the engine measured per step. The simulated engine keeps the live step history
+    # and fit; the simulated gateway admits as the live one (engine_rates) and keeps the live
+    # dispatcher's work in flight. Measured/predicted per job, deciles: 0.97-1.01. With the
+    # queue alone and the envelope's chunk (before): 1.84-7.17, median 2.06 (a job admitted
+    # 0.65 s in was predicted 0.06 s and started 2.0 s later); the held jobs counted but the
+    # chunk assumed: 1.60-1.63 (the engine ran 62 bulk prefill tokens a step beside the chats,
+    # the chunk and the aged guarantee allowed 103).
     result, _, _ = simulate(
-        dataclasses.replace(gpu_spec, drain_s=60.0), parse_workload(BULK_STREAM)
+        dataclasses.replace(gpu_spec, drain_s=30.0), parse_workload(BULK_BURST_UNDER_CHAT)
     )
     bulk = [
         r
         for r in result.records
         if r.request_class == "bulk" and r.ttft_s is not None and r.predicted_ttft_s
     ]
-    assert len(bulk) > 500
-    predicted = statistics.mean(r.predicted_ttft_s or 0.0 for r in bulk)
-    measured = statistics.mean(r.ttft_s or 0.0 for r in bulk)
-    assert 0.67 < predicted / measured < 1.5
+    assert len(bulk) > 250
     ratios = [(r.ttft_s or 0.0) / (r.predicted_ttft_s or 1.0) for r in bulk]
-    assert 0.67 < statistics.median(ratios) < 1.5
+    deciles = statistics.quantiles(ratios, n=10)
+    assert deciles[0] > 0.9 and deciles[-1] < 1.1, deciles

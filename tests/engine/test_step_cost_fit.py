@@ -83,9 +83,10 @@ def test_a_window_that_fits_a_negative_cost_gives_no_fit() -> None:
     assert fit.fit() is None
 
 
-def test_the_fit_crosses_the_engine_process_boundary_as_data() -> None:
+def test_the_fit_and_the_bulk_pace_cross_the_engine_process_boundary_as_data() -> None:
     from engine.core.step_record import LoadSnapshot
     from engine.process.messages import StepOutputs, output_decoder, output_encoder
+    from policies.bulk_prefill_pace import BulkPrefillPace
     from policies.step_cost import StepCost
 
     load = LoadSnapshot(
@@ -99,6 +100,7 @@ def test_the_fit_crosses_the_engine_process_boundary_as_data() -> None:
         total_preemptions=0,
         steps=100,
         step_cost=StepCost(FIXED_S, TOKEN_S),
+        bulk_prefill=BulkPrefillPace(81.3, 0.0113),
     )
     message = StepOutputs(outputs=[], rejections=[], load=load, steps=[])
     assert output_decoder.decode(output_encoder.encode(message)) == message

@@ -1,10 +1,13 @@
-"""StepHistory's running sums agree with recomputing the window, through evictions."""
+"""StepHistory's running sums agree with recomputing the window, through evictions; the bulk
+prefill per step admission drains a bulk queue at."""
 
 from __future__ import annotations
 
 import random
 
-from engine.core.step_record import StepHistory, StepRecord
+import pytest
+
+from engine.core.step_record import MIN_BULK_PREFILL_STEPS, StepHistory, StepRecord
 from policies.request_class import RequestClass
 
 
@@ -33,3 +36,35 @@ def test_running_rates_equal_the_window_recomputed() -> None:
     durations = sorted(r.duration_s for r in records[-8:])
     assert history.recent_step_s(window=8) == durations[4]
     assert history.total_steps == 50
+
+
+def bulk_step(index: int, bulk_prefill: int, bulk_waiting: int, duration_s: float) -> StepRecord:
+    tokens = {(RequestClass.BULK, "decode"): 8}
+    if bulk_prefill:
+        tokens[(RequestClass.BULK, "prefill")] = bulk_prefill
+    waiting = {RequestClass.BULK: bulk_waiting}
+    return StepRecord(index, 0.0, duration_s, tokens, {}, waiting, 0.0, 0)
+
+
+def test_bulk_prefill_pace_is_measured_over_the_steps_bulk_had_a_prompt_for() -> None:
+    history = StepHistory(capacity=64)
+    # 31 steps of a 100-token bulk chunk at 10 ms: one short of the minimum.
+    for index in range(MIN_BULK_PREFILL_STEPS - 1):
+        history.add(bulk_step(index, 100, 1, 0.010))
+    assert history.bulk_prefill_pace() is None
+    # A step that held bulk back (a chat's prefill, 41 ms) while a bulk prompt waited counts,
+    # with no bulk prefill; decode-only steps with no bulk prompt waiting do not count.
+    history.add(bulk_step(31, 0, 2, 0.041))
+    for index in range(32, 40):
+        history.add(bulk_step(index, 0, 0, 0.005))
+    pace = history.bulk_prefill_pace()
+    assert pace is not None
+    assert pace.tokens_per_step == 3_100 / 32
+    assert pace.step_s == pytest.approx((31 * 0.010 + 0.041) / 32)
+    # Evicted steps leave the sums: 64 steps of 400 tokens push every earlier one out.
+    for index in range(40, 104):
+        history.add(bulk_step(index, 400, 0, 0.030))
+    pace = history.bulk_prefill_pace()
+    assert pace is not None
+    assert pace.tokens_per_step == 400.0
+    assert pace.step_s == pytest.approx(0.030)

@@ -3,8 +3,9 @@ MIXGATE_MAX_UNSTARTED_BULK_JOBS, and what /metrics shows of it.
 
 With the engine process paused (SIGSTOP) no bulk job makes a token, so the replica holds
 exactly as many bulk jobs as the setting lets it hold unstarted and the rest stay queued in
-Redis; 0 turns pacing off and the jobs fill the bulk slots. Once the engine runs again every
-job completes and nothing is left unstarted.
+Redis; 0 turns pacing off and the jobs fill the bulk slots. /metrics shows the work the held
+jobs have still to run (what bulk admission counts ahead of a new job). Once the engine runs
+again every job completes and nothing is left unstarted or in flight.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from tests.child_processes import engine_child
 pytestmark = [pytest.mark.redis, pytest.mark.slow]
 
 JOBS = 6
+MAX_TOKENS = 4
 WAIT_S = 60.0
 
 
@@ -42,6 +44,8 @@ def local_state(server: ServerProcess) -> dict[str, float]:
                 state["local"] = sample.value
             elif sample.name == "mixgate_dispatch_unstarted_bulk_jobs":
                 state["unstarted"] = sample.value
+            elif sample.name == "mixgate_dispatch_work_in_flight_tokens" and bulk:
+                state[f"{sample.labels['kind']}_tokens"] = sample.value
     return state
 
 
@@ -73,7 +77,7 @@ def test_a_replica_holds_as_many_unstarted_bulk_jobs_as_the_setting_allows(
                 ids = []
                 for i in range(JOBS):
                     body = {"model": model, "messages": [{"role": "user", "content": f"doc {i}"}],
-                            "max_tokens": 4, "ignore_eos": True}  # fmt: skip
+                            "max_tokens": MAX_TOKENS, "ignore_eos": True}  # fmt: skip
                     response = client.post("/v1/jobs", json=body)
                     assert response.status_code == 202, response.text
                     ids.append(response.json()["id"])
@@ -88,6 +92,7 @@ def test_a_replica_holds_as_many_unstarted_bulk_jobs_as_the_setting_allows(
                 state = local_state(server)
                 assert state["unstarted"] == held
                 assert state["queued"] == JOBS - held
+                held_state = state
             finally:
                 os.kill(engine, signal.SIGCONT)
             for job_id in ids:
@@ -97,10 +102,15 @@ def test_a_replica_holds_as_many_unstarted_bulk_jobs_as_the_setting_allows(
                     ),
                     f"job {job_id} to complete",
                 )
+            # What admission counted ahead of a new bulk job while they were held: each held
+            # job's whole prompt (none had a token) and its max_tokens. Every prompt has the
+            # same length ("doc 0".."doc 5" in one template): read it off a result's usage.
+            usage = client.get(f"/v1/jobs/{ids[0]}").json()["response"]["usage"]
+            assert held_state["prompt_tokens"] == held * usage["prompt_tokens"]
+            assert held_state["output_tokens"] == held * MAX_TOKENS
             # (The queue depth is the health watcher's reading, refreshed twice a second.)
-            wait_for(
-                lambda: local_state(server) == {"queued": 0, "local": 0, "unstarted": 0},
-                "nothing queued, held or unstarted",
-            )
+            nothing = {"queued": 0, "local": 0, "unstarted": 0}
+            nothing |= {"prompt_tokens": 0, "output_tokens": 0}
+            wait_for(lambda: local_state(server) == nothing, "nothing queued, held or unstarted")
     finally:
         assert server.stop() == 0, server.logs()

@@ -209,6 +209,7 @@ class VllmAsyncEngine:
             prefill_tokens_per_s=stats.history.rate_tokens_per_s("prefill"),
             decode_tokens_per_s=stats.history.rate_tokens_per_s("decode"),
             step_cost=stats.history.step_cost(),
+            bulk_prefill=stats.history.bulk_prefill_pace(),
             total_preemptions=stats.total_preemptions,
             steps=stats.history.total_steps,
         )
