@@ -79,21 +79,23 @@ class ShardedClient:
         return index
 
     def _add_shard(self) -> int:
-        self._shards.append(
-            httpx.AsyncClient(
-                base_url=self._base_url,
-                headers=self._headers,
-                timeout=self._timeout,
-                verify=self._ssl,
-                # No connection limit: the lease above bounds a shard's requests, and a
-                # request must never queue for a connection.
-                limits=httpx.Limits(
-                    max_connections=None, max_keepalive_connections=self._shard_requests
-                ),
-            )
-        )
+        self._shards.append(self.spare())
         self._busy.append(0)
         return len(self._shards) - 1
+
+    def spare(self) -> httpx.AsyncClient:
+        """A client configured as a shard, outside the pool (the caller closes it)."""
+        return httpx.AsyncClient(
+            base_url=self._base_url,
+            headers=self._headers,
+            timeout=self._timeout,
+            verify=self._ssl,
+            # No connection limit: the lease above bounds a shard's requests, and a request
+            # must never queue for a connection.
+            limits=httpx.Limits(
+                max_connections=None, max_keepalive_connections=self._shard_requests
+            ),
+        )
 
     async def request(self, method: str, url: str, **kwargs: Any) -> httpx.Response:
         index = self._lease()
@@ -143,15 +145,25 @@ LoadClient = ShardedClient | httpx.AsyncClient
 
 
 async def warm_up(client: ShardedClient) -> None:
-    """One unmeasured request before the schedule starts: it opens the first shard's keep-alive
-    connection and runs httpx's request path once, so that the first measured request does not
-    pay for them. Every server the benches drive answers `GET /v1/models` (mixgate and vLLM
-    alike), and a failure here is left to the measured requests to report.
+    """One unmeasured request before the schedule starts, through a spare client configured as
+    the shards are: it runs httpx's request path once (its lazy imports and first-call set-up),
+    so that the first measured request does not pay for it. Every server the benches drive
+    answers `GET /v1/models` (mixgate and vLLM alike), and a failure here is left to the
+    measured requests to report.
 
     NOTE: without it, the first chat of each `bench compare` phase (sent from the chat process)
     took 39 ms longer at the client than the server's own TTFT for it (mixed phase) and 21 ms
     (chat alone), where the median chat's difference was 4 ms: that one chat was the
     chat-over-backlog phase's p99 in most repeats, for every policy alike.
+
+    NOTE: not through a shard: a pool that holds an idle keep-alive connection hands it to every
+    request of a burst that enters before one of them has sent on it (httpcore assigns without
+    reserving; pydantic/httpx2#1075 fixes it, encode/httpcore#1035 is not merged), and the
+    losers retry after the burst. Warmed through the first shard, `mixed`'s 400 job submissions
+    reached the server with that shard's other 31 last, at ~0.4 s instead of in the first 30
+    ms: the 400-job intake then overlapped the chats sent at 0.42 s, in every policy's run. A
+    shard with no connection opens one per request of a burst.
     """
     with contextlib.suppress(httpx.HTTPError):
-        await client.get("/v1/models")
+        async with client.spare() as spare:
+            await spare.get("/v1/models")
