@@ -11,38 +11,16 @@ import dataclasses
 
 import pytest
 
-from policies.admission import (
-    AdmissionConfig,
-    EngineRates,
-    LengthLimits,
-    QueueState,
-    RequestShape,
-    decide_admission,
-)
+from policies.admission import QueueState, RequestShape, decide_admission
 from policies.bulk_prefill_pace import BulkPrefillPace
 from policies.in_flight_work import InFlightWork
 from policies.request_class import RequestClass
-from policies.step_cost import StepCost
+from tests.policies.test_step_cost import EXACT, LIMITS, WITH_FIT
 
 BULK = RequestClass.BULK
-RATES = EngineRates(
-    prefill_tokens_per_s=5000.0,
-    decode_tokens_per_s=150.0,
-    running_interactive_seqs=0,
-    running_bulk_seqs=0,
-    measured=True,
-    bulk_step_tokens=128,
-    interactive_slots=40,
-    step_cost=StepCost(fixed_s=0.007, token_s=0.0001),
-    step_token_budget=512,
-    bulk_slots=32,
-)
+# The reference rates and limits of test_step_cost.py (a step fit, 32 bulk slots).
+RATES = WITH_FIT
 EMPTY = QueueState(0, 0, 10_000)
-LIMITS = dict.fromkeys(
-    RequestClass,
-    LengthLimits(max_prompt_tokens=8192, max_output_tokens=4096, max_context_tokens=8192),
-)
-EXACT = AdmissionConfig(safety_factor=1.0)
 
 
 def test_prompts_in_flight_are_prefilled_before_a_new_job_starts() -> None:
