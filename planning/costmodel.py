@@ -41,6 +41,7 @@ from typing import Literal
 
 from planning.costmodel_routing import expected_experts_touched
 from planning.costmodel_shape import ModelShape
+from policies.validation import require_positive_finite
 
 __all__ = [
     "HardwareRates",
@@ -58,11 +59,6 @@ __all__ = [
 LimitedBy = Literal["compute", "weights", "kv"]
 
 
-def _require_positive_finite(name: str, value: float) -> None:
-    if not (math.isfinite(value) and value > 0):
-        raise ValueError(f"{name} must be positive and finite, got {value!r}")
-
-
 @dataclass(frozen=True, slots=True)
 class HardwareRates:
     flops_per_s: float  # C: effective arithmetic throughput (not the datasheet peak)
@@ -77,8 +73,8 @@ class HardwareRates:
     kv_bytes_per_s: float | None = None
 
     def __post_init__(self) -> None:
-        _require_positive_finite("flops_per_s", self.flops_per_s)
-        _require_positive_finite("bytes_per_s", self.bytes_per_s)
+        require_positive_finite("flops_per_s", self.flops_per_s)
+        require_positive_finite("bytes_per_s", self.bytes_per_s)
         if not self.source:
             raise ValueError("source must be non-empty: say where the rates came from")
         if not (math.isfinite(self.step_overhead_s) and self.step_overhead_s >= 0):
@@ -86,7 +82,7 @@ class HardwareRates:
         if not 0.0 <= self.compute_memory_overlap <= 1.0:
             raise ValueError("compute_memory_overlap must be in [0, 1]")
         if self.kv_bytes_per_s is not None:
-            _require_positive_finite("kv_bytes_per_s", self.kv_bytes_per_s)
+            require_positive_finite("kv_bytes_per_s", self.kv_bytes_per_s)
 
     @property
     def effective_kv_bytes_per_s(self) -> float:

@@ -60,9 +60,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from policies.admission_decision import AdmissionDecision, Rejection
-from policies.engine_rates import EngineRates, require_positive_finite
+from policies.engine_rates import EngineRates
 from policies.queue_state import QueueState
 from policies.request_class import RequestClass
+from policies.validation import require_positive_finite
 
 __all__ = [
     "AdmissionConfig",

@@ -18,8 +18,9 @@ Pure arithmetic: no I/O, no clock.
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
+
+from policies.validation import require_positive_finite
 
 __all__ = ["BulkPrefillPace"]
 
@@ -30,10 +31,8 @@ class BulkPrefillPace:
     step_s: float
 
     def __post_init__(self) -> None:
-        if not (math.isfinite(self.tokens_per_step) and self.tokens_per_step > 0.0):
-            raise ValueError(f"tokens_per_step must be positive, got {self.tokens_per_step}")
-        if not (math.isfinite(self.step_s) and self.step_s > 0.0):
-            raise ValueError(f"step_s must be positive, got {self.step_s}")
+        require_positive_finite("tokens_per_step", self.tokens_per_step)
+        require_positive_finite("step_s", self.step_s)
 
     def drain_s(self, prompt_tokens: int, output_tokens: int, seqs_per_step: int) -> float:
         """Seconds until `prompt_tokens` are prefilled and `output_tokens` made, `seqs_per_step`

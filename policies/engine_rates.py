@@ -10,7 +10,6 @@ Pure arithmetic: no I/O, no clock.
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
 from policies.bulk_prefill_pace import BulkPrefillPace
@@ -18,13 +17,9 @@ from policies.in_flight_work import NO_WORK_IN_FLIGHT, InFlightWork
 from policies.queue_state import QueueState
 from policies.request_class import RequestClass
 from policies.step_cost import StepCost
+from policies.validation import require_positive_finite
 
-__all__ = ["EngineRates", "require_positive_finite"]
-
-
-def require_positive_finite(name: str, value: float) -> None:
-    if not (math.isfinite(value) and value > 0):
-        raise ValueError(f"{name} must be positive and finite, got {value!r}")
+__all__ = ["EngineRates"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -82,8 +77,11 @@ class EngineRates:
         return self.decode_tokens_per_s / sharing_seqs
 
     def drain_s(self, queue: QueueState, request_class: RequestClass) -> float:
-        """Seconds to process a class's queued work at these rates (the module docstring)."""
+        """Seconds to process a class's queued work at these rates (`policies/admission.py`'s
+        docstring): bulk's at the measured bulk pace where there is one (`bulk_work_s`)."""
         output_tokens = queue.queued_tokens - queue.queued_prompt_tokens
+        if request_class is RequestClass.BULK:
+            return self.bulk_work_s(queue.queued_prompt_tokens, output_tokens)
         return self.work_s(queue.queued_prompt_tokens, output_tokens, request_class)
 
     def bulk_start_s(self, queue: QueueState) -> float:

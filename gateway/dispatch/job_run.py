@@ -73,7 +73,7 @@ class JobRunner:
         backoff: Backoff,
         counters: DispatchCounters,
         on_first_token: Callable[[LocalJob], None] | None = None,
-        work: WorkInFlight | None = None,
+        work: WorkInFlight,
     ) -> None:
         """`on_first_token` hears each job's first token, on the event loop; `work` is told
         each job's split once parsed and the tokens it makes (keyed by lease token)."""
@@ -86,7 +86,7 @@ class JobRunner:
         self._backoff = backoff
         self._counters = counters
         self._on_first_token = on_first_token
-        self._work = work or WorkInFlight()
+        self._work = work
 
     async def run(self, local: LocalJob) -> None:
         """Run the job to a written outcome, or to nothing at all when the lease is not ours."""
@@ -169,10 +169,10 @@ class JobRunner:
                     break
                 if delta.new_token_ids:
                     self._work.made_tokens(local.token, len(delta.new_token_ids))
-                if delta.new_token_ids and not local.made_tokens:
-                    local.made_tokens = True
-                    if self._on_first_token is not None:
-                        self._on_first_token(local)
+                    if not local.made_tokens:
+                        local.made_tokens = True
+                        if self._on_first_token is not None:
+                            self._on_first_token(local)
                 if delta.new_token_ids or delta.new_text:
                     parts.append(delta.new_text)
                     data = {"text": delta.new_text, "token_ids": list(delta.new_token_ids)}
