@@ -4,28 +4,28 @@ Order of claim on the budget (docs/ARCHITECTURE.md, "Scheduling model"):
 1. decode tokens of running interactive sequences, 2. decode tokens of running bulk
 sequences, 3. interactive prefill chunks, 4. bulk prefill chunks, at most
 `bulk_prefill_chunk_tokens` and only from what is left, except that bulk work that has
-waited past its aging threshold is guaranteed `bulk_min_share` of the budget (over two steps:
-see `defers_bulk`) in a step for which an interactive prompt competes
-(`_competes_for_prefill`). With no interactive work present (`interactive_present=False`:
-what counts as present is the caller's, policies/interactive_presence.py) the cap is off:
-bulk prefill takes what the decodes leave.
+waited past its aging threshold is owed `bulk_min_share` of the budget for each step that holds
+it back, a debt that a step for which an interactive prompt competes (`_competes_for_prefill`)
+pays once it runs past a slack (policies/bulk_guarantee.py). With no interactive work present
+(`interactive_present=False`: what counts as present is the caller's,
+policies/interactive_presence.py) the cap is off: bulk prefill takes what the decodes leave.
 
-A step that runs an interactive prefill carries no bulk prefill beyond that guarantee
+A step that runs an interactive prefill carries no bulk prefill beyond what aged bulk is due
 (`bulk_prefill_cap_after_interactive`): the chat's first token waits on exactly that step, and
 a bulk chunk beside it adds its whole cost to the chat's TTFT for a few tokens of bulk work
 (chats are short and few next to the backlog, so bulk loses a step's chunk now and then).
-In the native engine such a step carries no bulk decodes either, nor aged bulk's guarantee
-(`defers_bulk`), and never two steps in a row: the step after it carries the guarantee it
-skipped on top of its own (`bulk_carried_tokens`), so a flood of chats slows bulk decodes to
-every other step at worst and aged bulk still gets its share over any two steps (the vLLM
-backend keeps its decodes in a chat's prefill step, and holds them only while a chat's first
-token made no text, up to four steps in a row: docs/ARCHITECTURE.md, "Scheduling model").
+In the native engine such a step carries no bulk decodes either and pays nothing
+(`defers_bulk`), and never two steps in a row, so a flood of chats slows bulk decodes to every
+other step at worst (the vLLM backend keeps its decodes in a chat's prefill step, and holds
+them only while a chat's first token made no text, up to four steps in a row:
+docs/ARCHITECTURE.md, "Scheduling model"). A deferring step's share is owed like any other.
 """
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
+
+from policies.bulk_guarantee import bulk_due_tokens
 
 
 @dataclass(frozen=True, slots=True)
@@ -51,22 +51,27 @@ def plan_step_budget(
     bulk_prefill_chunk_tokens: int,
     bulk_min_share: float,
     interactive_present: bool = True,
-    bulk_carried_tokens: int = 0,
+    bulk_owed_tokens: int = 0,
+    deferred: bool = False,
 ) -> StepBudgetPlan:
     """Split what the decodes leave between interactive and bulk prefill.
 
     `interactive_present`: whether any interactive sequence runs or waits in the engine.
-    `bulk_carried_tokens`: aged bulk's guarantee that the step before deferred (`defers_bulk`),
-    paid in this step on top of its own.
+    `bulk_owed_tokens`: what aged bulk is owed from earlier steps (policies/bulk_guarantee.py).
+    `deferred`: this step defers bulk (`defers_bulk`) and so pays nothing.
     `interactive_prefill_demand_tokens`: interactive prompt tokens waiting or in their prefill;
     with none, aged bulk is guaranteed nothing this step (see `_competes_for_prefill`)."""
     if step_token_budget < 1:
         raise ValueError("step_token_budget must be at least 1")
     left_tokens = max(0, step_token_budget - interactive_decode_tokens - bulk_decode_tokens)
-    guaranteed = bulk_guarantee_tokens(step_token_budget, bulk_min_share) if bulk_aged else 0
-    guaranteed = min(step_token_budget, guaranteed + bulk_carried_tokens)
-    if not _competes_for_prefill(interactive_prefill_demand_tokens):
-        guaranteed = 0
+    guaranteed = 0
+    if not deferred and _competes_for_prefill(interactive_prefill_demand_tokens):
+        guaranteed = bulk_due_tokens(
+            owed_tokens=bulk_owed_tokens,
+            step_token_budget=step_token_budget,
+            bulk_min_share=bulk_min_share,
+            accrues=bulk_aged,
+        )
     # Bulk decodes already count toward the guarantee; reserve only the prefill it can use.
     reserved_prefill = min(
         bulk_prefill_demand_tokens, max(0, guaranteed - bulk_decode_tokens), left_tokens
@@ -102,45 +107,29 @@ def _competes_for_prefill(interactive_prefill_demand_tokens: int) -> bool:
     (the guarantee the chat's step deferred, carried, and its own): 33 ms, which the chats
     arriving during it waited out (`small`, 2-vCPU AMD EPYC, `bench breakdown --workload
     mixed --engine native`). Such a step now keeps the cap (72 tokens a step on average, mean
-    step 11.0 -> 8.3 ms in the same breakdown), and what a deferring step carried is not owed
-    then: bulk was not starved. Measured end to end: docs/ARCHITECTURE.md, "Scheduling model"."""
+    step 11.0 -> 8.3 ms in the same breakdown); what is owed waits for a step it competes in,
+    and the bulk such a step runs pays it off meanwhile. Measured end to end:
+    docs/ARCHITECTURE.md, "Scheduling model"."""
     return interactive_prefill_demand_tokens > 0
 
 
-def bulk_guarantee_tokens(step_token_budget: int, bulk_min_share: float) -> int:
-    """Tokens aged bulk is guaranteed in one step."""
-    return math.ceil(bulk_min_share * step_token_budget)
+def holds_bulk_back(*, interactive_prefill_demand_tokens: int, deferred: bool) -> bool:
+    """Whether a step owes aged bulk its share (policies/bulk_guarantee.py): it defers bulk, or
+    an interactive prompt competes for its budget."""
+    return deferred or _competes_for_prefill(interactive_prefill_demand_tokens)
 
 
 def bulk_prefill_cap_after_interactive(
     plan: StepBudgetPlan, *, interactive_prefill_tokens: int, deferred: bool = False
 ) -> int:
     """The bulk prefill cap once the step's interactive prefill is known: none in a step that
-    defers bulk (`defers_bulk`), only what bulk is guaranteed when an interactive prefill runs
+    defers bulk (`defers_bulk`), only what aged bulk is due when an interactive prefill runs
     in this step, the plan's cap otherwise."""
     if deferred:
         return 0
     if interactive_prefill_tokens > 0:
         return plan.bulk_reserved_prefill_tokens
     return plan.bulk_prefill_cap_tokens
-
-
-def carried_bulk_tokens(
-    *,
-    step_token_budget: int,
-    bulk_min_share: float,
-    deferred: bool,
-    bulk_aged: bool,
-    carried_in_tokens: int = 0,
-) -> int:
-    """What a step that deferred bulk leaves the next one to pay (`bulk_carried_tokens`): its own
-    guarantee if bulk is aged, on top of what the steps before it carried in
-    (`carried_in_tokens`), which a deferring step does not pay either; at most one step's
-    budget. A step that does not defer pays it all and carries nothing."""
-    if not deferred:
-        return 0
-    own = bulk_guarantee_tokens(step_token_budget, bulk_min_share) if bulk_aged else 0
-    return min(step_token_budget, own + carried_in_tokens)
 
 
 def defers_bulk(*, first_token_pending: bool, deferred_last_step: bool) -> bool:
@@ -159,9 +148,9 @@ def defers_bulk(*, first_token_pending: bool, deferred_last_step: bool) -> bool:
     per chat, not its decode batch. A step after a deferring one never defers, so bulk decodes
     run at least every other step however many chats arrive.
 
-    Aged bulk is deferred too, and its guarantee moves to the next step (the caller passes it
-    as `bulk_carried_tokens`): a backlog stays aged for most of a chat phase, and keeping the
-    guarantee in the chat's own step made it 27-49 ms instead of 15-25 (2-vCPU AMD EPYC,
-    `small`: bench breakdown --workload chat-over-backlog, a step trace).
+    Aged bulk is deferred too, and the step's share is owed (policies/bulk_guarantee.py): a
+    backlog stays aged for most of a chat phase, and keeping the guarantee in the chat's own
+    step made it 27-49 ms instead of 15-25 (2-vCPU AMD EPYC, `small`: bench breakdown
+    --workload chat-over-backlog, a step trace).
     """
     return first_token_pending and not deferred_last_step

@@ -22,7 +22,8 @@ class EngineConfig:
     step_token_budget: int = 512
     # Bulk prefill tokens per step at most, taken only from what interactive work left.
     bulk_prefill_chunk_tokens: int = 128
-    # Once bulk work has waited bulk_aging_s since arrival, it is guaranteed this share.
+    # Once bulk work has waited bulk_aging_s since arrival, it is owed this share of every step
+    # that holds it back (policies/bulk_guarantee.py).
     bulk_min_share: float = 0.2
     bulk_aging_s: float = 5.0
     # How long after interactive work was last in the engine the bulk prefill cap lifts (bulk

@@ -22,14 +22,15 @@ from engine.core.config import EngineConfig
 from engine.core.scheduler_output import Preemption, SchedulerOutput
 from engine.core.sequence import Sequence, SequenceStatus
 from engine.core.step_state import StepState, tokens_by_kind
+from policies.bulk_guarantee import bulk_owed_after_step
 from policies.interactive_presence import InteractivePresence
 from policies.request_class import RequestClass
 from policies.scheduling_policy import SchedulingPolicy
 from policies.step_budget import (
     StepBudgetPlan,
     bulk_prefill_cap_after_interactive,
-    carried_bulk_tokens,
     defers_bulk,
+    holds_bulk_back,
     plan_step_budget,
 )
 
@@ -54,9 +55,10 @@ class Scheduler:
         self._step_index = 0
         self.policy = SchedulingPolicy(config.scheduling_policy)
         self._interactive_presence = InteractivePresence(config.interactive_linger_s)
-        # Whether the last step deferred bulk (`defers_bulk`), and the guarantee it carried.
+        # Whether the last step deferred bulk (`defers_bulk`), and what aged bulk is owed
+        # (policies/bulk_guarantee.py).
         self._bulk_deferred_last_step = False
-        self._bulk_carried_tokens = 0
+        self._bulk_owed_tokens = 0
 
     def queue_of(self, seq: Sequence) -> RequestClass:
         """The class the scheduler treats a sequence as: its own, or one for all under fcfs."""
@@ -123,8 +125,8 @@ class Scheduler:
         )
         if not defer_bulk:
             self._schedule_decodes(BULK, state)
-        # A deferring step guarantees bulk nothing; the next pays it if a chat prompt competes.
-        plan = self._plan(state, now_s, bulk_aged and not defer_bulk, self._bulk_carried_tokens)
+        interactive_demand_tokens = self._prefill_demand_tokens(INTERACTIVE)
+        plan = self._plan(state, now_s, bulk_aged, defer_bulk, interactive_demand_tokens)
         interactive_decode_tokens = self._tokens(state, INTERACTIVE)
         self._schedule_prefills(
             INTERACTIVE, plan.interactive_prefill_limit_tokens, state, now_s, bulk_aged
@@ -139,11 +141,15 @@ class Scheduler:
             )
         self._schedule_prefills(BULK, bulk_prefill_cap, state, now_s, bulk_aged)
         self._bulk_deferred_last_step = defer_bulk
-        self._bulk_carried_tokens = carried_bulk_tokens(
+        self._bulk_owed_tokens = bulk_owed_after_step(
+            owed_tokens=self._bulk_owed_tokens,
             step_token_budget=self.config.step_token_budget,
             bulk_min_share=self.config.bulk_min_share,
-            deferred=defer_bulk,
-            bulk_aged=bulk_aged,
+            accrues=bulk_aged
+            and holds_bulk_back(
+                interactive_prefill_demand_tokens=interactive_demand_tokens, deferred=defer_bulk
+            ),
+            bulk_tokens_run=self._tokens(state, BULK),
         )
 
         chunks = sorted(state.chunks.values(), key=lambda c: not c.is_decode)
@@ -164,14 +170,19 @@ class Scheduler:
                 state.add(seq, 1)
 
     def _plan(
-        self, state: StepState, now_s: float, bulk_aged: bool, bulk_carried_tokens: int
+        self,
+        state: StepState,
+        now_s: float,
+        bulk_aged: bool,
+        deferred: bool,
+        interactive_demand_tokens: int,
     ) -> StepBudgetPlan:
         return plan_step_budget(
             step_token_budget=self.config.step_token_budget,
             interactive_decode_tokens=self._tokens(state, INTERACTIVE),
             bulk_decode_tokens=self._tokens(state, BULK),
             bulk_prefill_demand_tokens=self._prefill_demand_tokens(BULK),
-            interactive_prefill_demand_tokens=self._prefill_demand_tokens(INTERACTIVE),
+            interactive_prefill_demand_tokens=interactive_demand_tokens,
             bulk_aged=bulk_aged,
             # Without the cap (priority, fcfs) bulk prefill takes whatever budget is left.
             bulk_prefill_chunk_tokens=(
@@ -180,7 +191,8 @@ class Scheduler:
                 else self.config.step_token_budget
             ),
             bulk_min_share=self.config.bulk_min_share,
-            bulk_carried_tokens=bulk_carried_tokens,
+            bulk_owed_tokens=self._bulk_owed_tokens,
+            deferred=deferred,
             # Counted by the sequences' own class: without classes (fcfs) the cap is off anyway;
             # with none in, held or lifted as interactive_linger_s says.
             interactive_present=self._interactive_presence.observe(

@@ -1,12 +1,12 @@
 """A step that runs an interactive prefill leaves bulk decodes out (policies/step_budget.py,
 `defers_bulk`): the chat's first token comes out of that step, so each bulk decode in it is
-paid by the chat's TTFT. Real Scheduler and BlockManager, the invariants' fake executor."""
+paid by the chat's TTFT. Aged bulk is owed its share meanwhile (policies/bulk_guarantee.py).
+Real Scheduler and BlockManager, the invariants' fake executor."""
 
 from __future__ import annotations
 
 from engine.core.config import EngineConfig
 from engine.core.scheduler_output import SchedulerOutput
-from policies.step_budget import carried_bulk_tokens
 from tests.engine.test_scheduler_invariants import BULK, INTERACTIVE, Harness
 
 
@@ -75,29 +75,40 @@ def _aged_backlog_after_a_chat_prefill(seed: int) -> Harness:
     return h
 
 
-def test_aged_bulk_is_deferred_too_and_the_next_chat_step_pays_its_guarantee_twice() -> None:
-    h = _aged_backlog_after_a_chat_prefill(seed=7)
+def test_a_pair_of_chats_owes_aged_bulk_its_share_and_a_third_pays_what_passed_the_slack() -> None:
+    # 0.25 x 64 = 16 tokens owed a step that holds aged bulk back; the slack is two of those.
+    h = _aged_backlog_after_a_chat_prefill(seed=7)  # owes 16
     h.add(INTERACTIVE, 20, 4)  # another prompt competes for the next step's budget
-    # 0.25 x 64 = 16 tokens a step: the skipped 16 on top of this step's own.
-    after = h.step()
-    assert after.bulk_guaranteed_tokens == 32
-    assert _bulk_decodes(after) == 2 and after.tokens_by_kind[(BULK, "prefill")] == 30
-    assert after.tokens_by_kind[(INTERACTIVE, "prefill")] == 20
+    second = h.step()
+    # Within the slack the second chat's step carries no bulk prefill: only the bulk decodes
+    # that the first chat's step held back.
+    assert second.bulk_guaranteed_tokens == 0
+    assert _bulk_decodes(second) == 2 and (BULK, "prefill") not in second.tokens_by_kind
+    assert second.tokens_by_kind[(INTERACTIVE, "prefill")] == 20
+    h.add(INTERACTIVE, 20, 4)
+    third = h.step()  # defers bulk again: owes 16 + 16 - 2 + 16 = 46
+    assert third.tokens_for(BULK) == 0 and third.bulk_guaranteed_tokens == 0
+    h.add(INTERACTIVE, 20, 4)
+    fourth = h.step()  # due: 46 and its own 16, less the slack of 32
+    assert fourth.bulk_guaranteed_tokens == 30
+    assert _bulk_decodes(fourth) == 2 and fourth.tokens_by_kind[(BULK, "prefill")] == 28
+    assert fourth.tokens_by_kind[(INTERACTIVE, "prefill")] == 20
 
 
-def test_with_no_chat_prompt_to_compete_aged_bulk_keeps_its_chunk_cap() -> None:
-    # The guarantee keeps chat prompts from starving bulk; with none, bulk already has the
-    # budget but the chat's decode, and lifting its cap would only lengthen the chat's step.
-    h = _aged_backlog_after_a_chat_prefill(seed=7)
+def test_with_no_chat_prompt_to_compete_aged_bulk_keeps_its_chunk_cap_and_pays_its_debt() -> None:
+    # The share keeps chat prompts from starving bulk; with none, bulk already has the budget
+    # but the chat's decode, and lifting its cap would only lengthen the chat's step.
+    h = _aged_backlog_after_a_chat_prefill(seed=7)  # owes 16
     after = h.step()
     assert after.bulk_guaranteed_tokens == 0
     assert _bulk_decodes(after) == 2 and after.tokens_by_kind[(BULK, "prefill")] == 16
     assert after.tokens_for(INTERACTIVE) == 1
-    # Nothing was owed: a later chat prompt finds one step's share again, not a carried one.
+    # Those 18 bulk tokens paid the 16 owed: a later pair of chats is within the slack again
+    # (had the debt stayed, 16 + 16 + 16 would put 16 tokens past it into the second's step).
     h.add(INTERACTIVE, 20, 4)
     assert h.step().bulk_guaranteed_tokens == 0  # its prefill step defers bulk
     h.add(INTERACTIVE, 20, 4)
-    assert h.step().bulk_guaranteed_tokens == 32  # the deferred 16 and its own
+    assert h.step().bulk_guaranteed_tokens == 0
 
 
 def test_strict_priority_keeps_bulk_decodes_beside_a_chat_prefill() -> None:
@@ -119,20 +130,3 @@ def test_a_chat_whose_tokens_make_no_text_yet_defers_bulk_every_other_step() -> 
     assert decodes == [0, 4, 0, 4]  # prefill, then decodes with no text: still every other
     chat.awaits_first_text = False
     assert [_bulk_decodes(h.step()) for _ in range(2)] == [4, 4]
-
-
-def test_a_deferring_step_carries_on_what_earlier_steps_carried_up_to_one_budget() -> None:
-    def carried(deferred: bool, aged: bool, carried_in: int) -> int:
-        return carried_bulk_tokens(
-            step_token_budget=512,
-            bulk_min_share=0.25,
-            deferred=deferred,
-            bulk_aged=aged,
-            carried_in_tokens=carried_in,
-        )
-
-    assert carried(True, True, 0) == 128
-    assert carried(True, True, 128) == 256
-    assert carried(True, False, 128) == 128  # nothing aged this step: only what came in
-    assert carried(True, True, 448) == 512  # one step's budget at most
-    assert carried(False, True, 256) == 0  # a step that does not defer pays it all

@@ -331,7 +331,8 @@ def test_interactive_preempts_aged_bulk_down_to_its_floor() -> None:
 
 def test_a_chat_prefill_step_carries_no_bulk_prefill_even_when_bulk_is_aged() -> None:
     """The chat's first token waits on its prefill step: a bulk chunk beside it would add its
-    whole cost to the chat's TTFT. Aged bulk gets the share it skipped in the next step."""
+    whole cost to the chat's TTFT. Aged bulk is owed the share it skipped
+    (policies/bulk_guarantee.py)."""
     config = EngineConfig(
         max_active_seqs=8,
         step_token_budget=64,
@@ -353,7 +354,14 @@ def test_a_chat_prefill_step_carries_no_bulk_prefill_even_when_bulk_is_aged() ->
     h.add(INTERACTIVE, 20, 4)
     step = h.step()
     assert step.tokens_by_kind[(INTERACTIVE, "prefill")] == 20 and step.tokens_for(BULK) == 0
-    # With a prompt competing, the next step pays the guarantee the chat's step skipped too
+    # With a prompt competing, the next step carries no bulk prefill either while the debt
+    # (16 + 16) is within its slack (two shares)...
+    h.add(INTERACTIVE, 20, 4)
+    assert (BULK, "prefill") not in h.step().tokens_by_kind
+    # ...a third chat's step defers again (owed: 48), and the fourth pays what is past the
+    # slack, its own share included: 48 + 16 - 32.
+    h.add(INTERACTIVE, 20, 4)
+    assert h.step().tokens_for(BULK) == 0
     h.add(INTERACTIVE, 20, 4)
     assert h.step().tokens_by_kind[(BULK, "prefill")] == 32
 

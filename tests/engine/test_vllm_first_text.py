@@ -70,7 +70,7 @@ def _chat_over_bulk(bulk_age_s: float) -> tuple[list[WorkItem], list[WorkItem]]:
 
 
 def _awaiting_first_text(
-    knobs: StepKnobs, bulk_age_s: float, in_a_row: int, carried_tokens: int = 0
+    knobs: StepKnobs, bulk_age_s: float, in_a_row: int, owed_tokens: int = 0
 ) -> StepComposition:
     """The next step while the chat's tokens have made no text yet."""
     running, waiting = _chat_over_bulk(bulk_age_s)
@@ -81,7 +81,7 @@ def _awaiting_first_text(
         interactive_present=True,
         interactive_awaits_first_text=True,
         deferred_steps_in_a_row=in_a_row,
-        bulk_carried_tokens=carried_tokens,
+        bulk_owed_tokens=owed_tokens,
     )
 
 
@@ -117,16 +117,17 @@ def test_bulk_prefill_waits_up_to_four_steps_in_a_row_while_a_chat_awaits_its_fi
     assert prefill.held_back == frozenset() and prefill.token_budget == 16 + 150
 
 
-def test_deferred_steps_in_a_row_carry_aged_bulk_guarantee_on_until_one_pays_it() -> None:
-    knobs = StepKnobs(512, 512, 128, 0.25, 5.0)  # aged bulk's guarantee: 128 tokens a step
-    carried, in_a_row = 128, 1  # what the chat's prefill step left
+def test_deferred_steps_in_a_row_run_up_aged_bulk_debt_and_later_steps_pay_it() -> None:
+    knobs = StepKnobs(512, 512, 128, 0.25, 5.0)  # aged bulk's share: 128 tokens a step
+    owed, in_a_row = 128, 1  # what the chat's prefill step left
     for _ in range(3):
-        step = _awaiting_first_text(knobs, 9.0, in_a_row, carried)
+        step = _awaiting_first_text(knobs, 9.0, in_a_row, owed)
         assert step.deferred_bulk and step.bulk_prefill_tokens == 0
-        assert step.carried_bulk_tokens == min(512, carried + 128)
-        carried, in_a_row = step.carried_bulk_tokens, step.deferred_steps_in_a_row
-    # With a chat prompt waiting to compete for it, the step budget bounds what one step pays:
-    # all of it that the decodes leave (the prompt waits a step).
+        assert step.owed_bulk_tokens == owed + 128
+        owed, in_a_row = step.owed_bulk_tokens, step.deferred_steps_in_a_row
+    assert owed == 512
+    # A chat prompt waiting to compete: its step pays what is past the slack (two shares),
+    # its own share included: 512 + 128 - 256, the 16 bulk decodes first.
     running, waiting = _chat_over_bulk(9.0)
     waiting.insert(0, WorkItem(200, RequestClass.INTERACTIVE, 40, 0.0))
     paying = compose_step(
@@ -135,11 +136,13 @@ def test_deferred_steps_in_a_row_carry_aged_bulk_guarantee_on_until_one_pays_it(
         knobs,
         interactive_present=True,
         deferred_steps_in_a_row=in_a_row,
-        bulk_carried_tokens=carried,
+        bulk_owed_tokens=owed,
     )
-    assert not paying.deferred_bulk and paying.carried_bulk_tokens == 0
-    assert paying.bulk_prefill_tokens == 512 - 17
-    # With none, nothing is owed: bulk was not starved, and keeps its chunk cap.
-    unpaid = _awaiting_first_text(knobs, 9.0, 4, carried)
-    assert not unpaid.deferred_bulk and unpaid.carried_bulk_tokens == 0
-    assert unpaid.bulk_prefill_tokens == 128
+    assert not paying.deferred_bulk
+    assert paying.bulk_prefill_tokens == 384 - 16 and paying.interactive_prefill_tokens == 40
+    assert paying.owed_bulk_tokens == 256
+    # With none, bulk keeps its chunk cap (lifting it would only lengthen the chat's decode
+    # step), and what that step runs for bulk pays the debt down: 16 decodes and 128.
+    unpaid = _awaiting_first_text(knobs, 9.0, 4, owed)
+    assert not unpaid.deferred_bulk and unpaid.bulk_prefill_tokens == 128
+    assert unpaid.owed_bulk_tokens == 512 - 16 - 128

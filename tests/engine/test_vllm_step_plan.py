@@ -135,11 +135,12 @@ def test_interactive_prefill_takes_the_budget_before_fresh_bulk() -> None:
 
 
 def test_a_waiting_interactive_prompt_holds_back_partial_bulk_chunks() -> None:
-    # Aged bulk keeps its guarantee (48 tokens) in a chat's step when the step before deferred it.
+    # Aged bulk, owed its share past the slack (two shares of 48 tokens), is due 48 tokens in a
+    # chat's step when the step before deferred it.
     knobs = StepKnobs(64, 32, 48, 0.75, 5.0)
     running = [item(0, BULK, 600, age_s=6.0), item(1, BULK, 600, age_s=6.0)]
     waiting = [item(2, INTER, 100)]
-    plan = compose_step(running, waiting, knobs, deferred_steps_in_a_row=1)
+    plan = compose_step(running, waiting, knobs, deferred_steps_in_a_row=1, bulk_owed_tokens=96)
     # 48 tokens of bulk allowance = one whole 32-token chunk; the waiting prompt gets the rest.
     assert plan.running_order == (0,)
     assert plan.held_back == frozenset({1})
@@ -174,33 +175,51 @@ def test_a_chat_prefill_step_takes_no_bulk_prefill_though_vllm_would_admit_it_af
     assert last.bulk_prefill_tokens == 128 and last.admits_waiting_bulk
 
 
-def test_aged_bulk_is_guaranteed_its_min_share_over_any_two_steps() -> None:
+def test_aged_bulk_is_owed_its_share_and_paid_beside_a_chat_once_past_the_slack() -> None:
     running = [item(0, BULK, 600, age_s=6.0)] + [item(k, INTER, 1) for k in range(1, 9)]
     waiting = [item(20 + k, INTER, 200) for k in range(8)]
     fresh = compose_step([item(0, BULK, 600, age_s=0.1)] + running[1:], waiting, KNOBS)
     assert not fresh.bulk_aged and fresh.bulk_prefill_tokens == 0
-    assert fresh.deferred_bulk and fresh.carried_bulk_tokens == 0  # nothing aged to carry
-    # A chat's prefill step defers aged bulk's guarantee (64 tokens) to the next step...
+    assert fresh.deferred_bulk and fresh.owed_bulk_tokens == 0  # nothing aged is owed
+    # A chat's prefill step defers aged bulk, and owes it its share (64 tokens)...
     first = compose_step(running, waiting, KNOBS)
     assert first.bulk_aged and first.deferred_bulk
     assert first.bulk_prefill_tokens == 0
-    assert first.carried_bulk_tokens == 64
-    # ...which never defers, whatever waits, and pays it beside its own.
+    assert first.owed_bulk_tokens == 64
+    # ...the next chat's step never defers, but within the slack (two shares) it pays nothing:
+    # a pair of chats gets both steps to itself.
     second = compose_step(
         running,
         waiting,
         KNOBS,
         deferred_steps_in_a_row=first.deferred_steps_in_a_row,
-        bulk_carried_tokens=first.carried_bulk_tokens,
+        bulk_owed_tokens=first.owed_bulk_tokens,
     )
-    assert not second.deferred_bulk and second.carried_bulk_tokens == 0
-    assert second.bulk_prefill_tokens >= 32
-    assert second.interactive_prefill_tokens < first.interactive_prefill_tokens
-    # And the step after that may defer again: bulk runs at least every other step.
+    assert not second.deferred_bulk and second.bulk_prefill_tokens == 0
+    assert second.interactive_prefill_tokens == first.interactive_prefill_tokens
+    assert second.owed_bulk_tokens == 128
+    # The step after that may defer again (bulk runs at least every other step)...
     third = compose_step(
-        running, waiting, KNOBS, deferred_steps_in_a_row=second.deferred_steps_in_a_row
+        running,
+        waiting,
+        KNOBS,
+        deferred_steps_in_a_row=second.deferred_steps_in_a_row,
+        bulk_owed_tokens=second.owed_bulk_tokens,
     )
     assert third.deferred_bulk and third.bulk_prefill_tokens == 0
+    assert third.owed_bulk_tokens == 192
+    # ...and the one after it pays what is past the slack (128 tokens), as far as the one bulk
+    # prompt's chunk (32) goes, out of the chats' prefill.
+    fourth = compose_step(
+        running,
+        waiting,
+        KNOBS,
+        deferred_steps_in_a_row=third.deferred_steps_in_a_row,
+        bulk_owed_tokens=third.owed_bulk_tokens,
+    )
+    assert not fourth.deferred_bulk and fourth.bulk_prefill_tokens == 32
+    assert fourth.interactive_prefill_tokens < first.interactive_prefill_tokens
+    assert fourth.owed_bulk_tokens == 192 + 64 - 32
 
 
 @pytest.mark.parametrize("policy", ["mixgate", "priority", "fcfs"])

@@ -105,9 +105,10 @@ class ClassAwareScheduler(Scheduler):  # type: ignore[misc]
         self.mixgate_knobs = knobs_from_config(self.vllm_config.additional_config)
         self.mixgate_presence = InteractivePresence(self.mixgate_knobs.interactive_linger_s)
         self.mixgate_first_text = load_watch(self.vllm_config.model_config.model)
-        # The last step's composition: how many steps in a row deferred bulk, what they carried.
+        # The last step's composition: how many steps in a row deferred bulk, and what aged
+        # bulk is owed after it (policies/bulk_guarantee.py).
         self.mixgate_deferred_steps_in_a_row = 0
-        self.mixgate_carried_bulk_tokens = 0
+        self.mixgate_owed_bulk_tokens = 0
         # Steps are recorded only for a gateway that reads them: no per-step work otherwise.
         sink = dict(self.vllm_config.additional_config or {})["mixgate"].get("step_sink")
         self.mixgate_step_sender = StepSender(sink) if sink else None
@@ -175,11 +176,11 @@ class ClassAwareScheduler(Scheduler):  # type: ignore[misc]
             self.mixgate_knobs,
             interactive_present=present,
             deferred_steps_in_a_row=self.mixgate_deferred_steps_in_a_row,
-            bulk_carried_tokens=self.mixgate_carried_bulk_tokens,
+            bulk_owed_tokens=self.mixgate_owed_bulk_tokens,
             interactive_awaits_first_text=self._awaits_first_text(running),
         )
         self.mixgate_deferred_steps_in_a_row = plan.deferred_steps_in_a_row
-        self.mixgate_carried_bulk_tokens = plan.carried_bulk_tokens
+        self.mixgate_owed_bulk_tokens = plan.owed_bulk_tokens
         held = [running[i] for i in sorted(plan.held_back)]
         saved = (self.max_num_scheduled_tokens, self.max_num_running_reqs, self.max_num_active_reqs)
         # NOTE: requests set aside still hold their slots; vLLM counts slots as len(running),

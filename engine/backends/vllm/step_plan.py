@@ -15,9 +15,9 @@ bulk prefill only from what interactive work left and at most the bulk chunk cap
 aged bulk work is guaranteed its minimum share; with no interactive request in the engine
 (nor one recently: the caller's `policies.interactive_presence`), bulk prefill takes the whole
 budget (work-conserving, as plain vLLM). A step that runs a chat's prefill takes no bulk
-prefill (`bulk_prefill_cap_after_interactive`), aged bulk's guarantee included unless the step
-before deferred it too (`defers_bulk`; the guarantee moves to the next step, which the caller
-passes back as `bulk_carried_tokens`). While a chat's sampled tokens have made no text yet
+prefill (`bulk_prefill_cap_after_interactive`) beyond what aged bulk is due
+(`policies.bulk_guarantee`: a debt the caller passes back as `bulk_owed_tokens`), and none at
+all if it defers bulk (`defers_bulk`). While a chat's sampled tokens have made no text yet
 (`interactive_awaits_first_text`), up to `FIRST_TEXT_DEFERRALS_IN_A_ROW` steps in a row take
 no bulk at all, its decodes held back too, and then one takes bulk again. Unlike the native
 engine, a chat's prefill step keeps the bulk decodes (docs/ARCHITECTURE.md, "Scheduling
@@ -29,12 +29,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from policies.bulk_guarantee import bulk_owed_after_step
 from policies.interactive_presence import DEFAULT_LINGER_S
 from policies.request_class import RequestClass
 from policies.step_budget import (
     bulk_prefill_cap_after_interactive,
-    carried_bulk_tokens,
     defers_bulk,
+    holds_bulk_back,
     plan_step_budget,
 )
 
@@ -126,8 +127,8 @@ class StepComposition:
     interactive_prefill_tokens: int
     bulk_prefill_tokens: int
     bulk_aged: bool
-    # The tokens of aged bulk's guarantee this step left to the next (its `bulk_carried_tokens`).
-    carried_bulk_tokens: int = 0
+    # What aged bulk is owed after this step (the next step's `bulk_owed_tokens`).
+    owed_bulk_tokens: int = 0
     # Steps in a row, this one included, that deferred bulk (0: this one did not): the next
     # step's `deferred_steps_in_a_row`.
     deferred_steps_in_a_row: int = 0
@@ -169,15 +170,15 @@ def compose_step(
     *,
     interactive_present: bool | None = None,
     deferred_steps_in_a_row: int = 0,
-    bulk_carried_tokens: int = 0,
+    bulk_owed_tokens: int = 0,
     interactive_awaits_first_text: bool = False,
 ) -> StepComposition:
     """Order, hold back and budget one step (see the module docstring).
 
     `interactive_present`: whether the bulk cap treats interactive work as present (the
     caller's `policies.interactive_presence`, which counts a recent request too); None: only
-    what is in the engine now. `deferred_steps_in_a_row`, `bulk_carried_tokens`: the previous
-    step's `deferred_steps_in_a_row` and `carried_bulk_tokens`. `interactive_awaits_first_text`: a
+    what is in the engine now. `deferred_steps_in_a_row`, `bulk_owed_tokens`: the previous
+    step's `deferred_steps_in_a_row` and `owed_bulk_tokens`. `interactive_awaits_first_text`: a
     running chat has sampled tokens that made no text yet (`first_text.FirstTextWatch`)."""
     inter, bulk = RequestClass.INTERACTIVE, RequestClass.BULK
     decodes = {
@@ -215,11 +216,12 @@ def compose_step(
         bulk_decode_tokens=len(decodes[bulk]),
         bulk_prefill_demand_tokens=demand[bulk],
         interactive_prefill_demand_tokens=demand[inter],
-        bulk_aged=bulk_aged and not defer,
+        bulk_aged=bulk_aged,
         bulk_prefill_chunk_tokens=knobs.bulk_prefill_chunk_tokens,
         bulk_min_share=knobs.bulk_min_share,
         interactive_present=interactive_present,
-        bulk_carried_tokens=bulk_carried_tokens,
+        bulk_owed_tokens=bulk_owed_tokens,
+        deferred=defer,
     )
     left = max(0, knobs.step_token_budget - decode_tokens)
     inter_tokens = min(demand[inter], plan.interactive_prefill_limit_tokens)
@@ -262,12 +264,14 @@ def compose_step(
         interactive_prefill_tokens=inter_tokens,
         bulk_prefill_tokens=bulk_tokens,
         bulk_aged=bulk_aged,
-        carried_bulk_tokens=carried_bulk_tokens(
+        owed_bulk_tokens=bulk_owed_after_step(
+            owed_tokens=bulk_owed_tokens,
             step_token_budget=knobs.step_token_budget,
             bulk_min_share=knobs.bulk_min_share,
-            deferred=defer,
-            bulk_aged=bulk_aged,
-            carried_in_tokens=bulk_carried_tokens,
+            accrues=bulk_aged
+            and holds_bulk_back(interactive_prefill_demand_tokens=demand[inter], deferred=defer),
+            # What the step plans for bulk; vLLM may run less (a prefix-cache hit), not more.
+            bulk_tokens_run=len(decodes[bulk]) + bulk_tokens,
         ),
         deferred_steps_in_a_row=deferred_steps_in_a_row + 1 if defer else 0,
         admits_waiting_bulk=admits_waiting_bulk,
