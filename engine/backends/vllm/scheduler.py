@@ -39,6 +39,7 @@ from vllm.v1.core.sched.async_scheduler import AsyncScheduler
 from vllm.v1.core.sched.scheduler import Scheduler
 
 from engine.backends.vllm.first_text import load_watch
+from engine.backends.vllm.reader_spin import bound_reader_spin
 from engine.backends.vllm.step_channel import StepSender
 from engine.backends.vllm.step_plan import (
     WorkItem,
@@ -102,6 +103,10 @@ class ClassAwareScheduler(Scheduler):  # type: ignore[misc]
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
+        # vLLM builds its scheduler in the engine-core process: from here on that process
+        # sleeps while the worker computes a step instead of spinning on a core the worker
+        # needs (engine/backends/vllm/reader_spin.py).
+        bound_reader_spin()
         self.mixgate_knobs = knobs_from_config(self.vllm_config.additional_config)
         self.mixgate_presence = InteractivePresence(self.mixgate_knobs.interactive_linger_s)
         self.mixgate_first_text = load_watch(self.vllm_config.model_config.model)
