@@ -113,7 +113,7 @@ def _competes_for_prefill(interactive_prefill_demand_tokens: int) -> bool:
     return interactive_prefill_demand_tokens > 0
 
 
-def holds_bulk_back(*, interactive_prefill_demand_tokens: int, deferred: bool) -> bool:
+def holds_bulk_back(interactive_prefill_demand_tokens: int, *, deferred: bool) -> bool:
     """Whether a step owes aged bulk its share (policies/bulk_guarantee.py): it defers bulk, or
     an interactive prompt competes for its budget."""
     return deferred or _competes_for_prefill(interactive_prefill_demand_tokens)

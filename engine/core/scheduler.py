@@ -21,6 +21,7 @@ from engine.core.block_manager import BlockManager
 from engine.core.config import EngineConfig
 from engine.core.scheduler_output import Preemption, SchedulerOutput
 from engine.core.sequence import Sequence, SequenceStatus
+from engine.core.step_invariants import check_step
 from engine.core.step_state import StepState, tokens_by_kind
 from policies.bulk_guarantee import bulk_owed_after_step
 from policies.interactive_presence import InteractivePresence
@@ -141,14 +142,12 @@ class Scheduler:
             )
         self._schedule_prefills(BULK, bulk_prefill_cap, state, now_s, bulk_aged)
         self._bulk_deferred_last_step = defer_bulk
+        held_back = holds_bulk_back(interactive_demand_tokens, deferred=defer_bulk)
         self._bulk_owed_tokens = bulk_owed_after_step(
             owed_tokens=self._bulk_owed_tokens,
             step_token_budget=self.config.step_token_budget,
             bulk_min_share=self.config.bulk_min_share,
-            accrues=bulk_aged
-            and holds_bulk_back(
-                interactive_prefill_demand_tokens=interactive_demand_tokens, deferred=defer_bulk
-            ),
+            accrues=bulk_aged and held_back,
             bulk_tokens_run=self._tokens(state, BULK),
         )
 
@@ -161,7 +160,13 @@ class Scheduler:
             tokens_by_kind=tokens_by_kind(chunks),
         )
         self._step_index += 1
-        self._check_step(output)
+        check_step(
+            output,
+            self.config,
+            running=self.running,
+            running_bulk_seqs=self._running_count[BULK],
+            block_size_tokens=self.blocks.block_size,
+        )
         return output
 
     def _schedule_decodes(self, request_class: RequestClass, state: StepState) -> None:
@@ -170,19 +175,14 @@ class Scheduler:
                 state.add(seq, 1)
 
     def _plan(
-        self,
-        state: StepState,
-        now_s: float,
-        bulk_aged: bool,
-        deferred: bool,
-        interactive_demand_tokens: int,
+        self, state: StepState, now_s: float, bulk_aged: bool, deferred: bool, demand_tokens: int
     ) -> StepBudgetPlan:
         return plan_step_budget(
             step_token_budget=self.config.step_token_budget,
             interactive_decode_tokens=self._tokens(state, INTERACTIVE),
             bulk_decode_tokens=self._tokens(state, BULK),
             bulk_prefill_demand_tokens=self._prefill_demand_tokens(BULK),
-            interactive_prefill_demand_tokens=interactive_demand_tokens,
+            interactive_prefill_demand_tokens=demand_tokens,
             bulk_aged=bulk_aged,
             # Without the cap (priority, fcfs) bulk prefill takes whatever budget is left.
             bulk_prefill_chunk_tokens=(
@@ -395,18 +395,3 @@ class Scheduler:
     def _prefill_demand_tokens(self, queue: RequestClass) -> int:
         running = [s for s in self.running if self.queue_of(s) is queue and not s.is_decoding]
         return sum(s.num_uncomputed_tokens for s in running) + self._waiting_tokens[queue]
-
-    def _check_step(self, output: SchedulerOutput) -> None:
-        if output.num_scheduled_tokens > self.config.step_token_budget:
-            raise RuntimeError("scheduled tokens exceed the step budget")
-        if len(self.running) > self.config.max_running_seqs:
-            raise RuntimeError("running sequences exceed max_running_seqs")
-        if self._running_count[BULK] > self.config.max_active_seqs:
-            raise RuntimeError("running bulk sequences exceed max_active_seqs")
-        block_size = self.blocks.block_size
-        for chunk in output.chunks:
-            seq = chunk.seq
-            if seq.status is not SequenceStatus.RUNNING:
-                raise RuntimeError(f"scheduled sequence {seq.seq_id} is not running")
-            if len(seq.block_table) * block_size < chunk.end_pos:
-                raise RuntimeError(f"sequence {seq.seq_id} lacks blocks for its chunk")

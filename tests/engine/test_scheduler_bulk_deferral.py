@@ -130,3 +130,40 @@ def test_a_chat_whose_tokens_make_no_text_yet_defers_bulk_every_other_step() -> 
     assert decodes == [0, 4, 0, 4]  # prefill, then decodes with no text: still every other
     chat.awaits_first_text = False
     assert [_bulk_decodes(h.step()) for _ in range(2)] == [4, 4]
+
+
+def test_a_chat_prefill_step_carries_no_bulk_prefill_even_when_bulk_is_aged() -> None:
+    """The chat's first token waits on its prefill step: a bulk chunk beside it would add its
+    whole cost to the chat's TTFT. Aged bulk is owed the share it skipped
+    (policies/bulk_guarantee.py)."""
+    config = EngineConfig(
+        max_active_seqs=8,
+        step_token_budget=64,
+        bulk_prefill_chunk_tokens=16,
+        block_size_tokens=4,
+        bulk_aging_s=1.0,
+        bulk_min_share=0.25,
+        interactive_linger_s=0.0,
+    )
+    h = Harness(config, num_blocks=400, seed=3)
+    h.add(BULK, 200, 4)
+    assert h.step().tokens_for(BULK) == 64  # alone, bulk prefill takes the whole budget
+    h.add(INTERACTIVE, 20, 4)
+    step = h.step()
+    assert step.tokens_for(INTERACTIVE) == 20 and step.tokens_for(BULK) == 0
+    assert h.step().tokens_for(BULK) == 16  # the chat decodes: bulk prefill is back
+
+    h.now_s += 2.0  # bulk has now waited past its aging threshold
+    h.add(INTERACTIVE, 20, 4)
+    step = h.step()
+    assert step.tokens_by_kind[(INTERACTIVE, "prefill")] == 20 and step.tokens_for(BULK) == 0
+    # With a prompt competing, the next step carries no bulk prefill either while the debt
+    # (16 + 16) is within its slack (two shares)...
+    h.add(INTERACTIVE, 20, 4)
+    assert (BULK, "prefill") not in h.step().tokens_by_kind
+    # ...a third chat's step defers again (owed: 48), and the fourth pays what is past the
+    # slack, its own share included: 48 + 16 - 32.
+    h.add(INTERACTIVE, 20, 4)
+    assert h.step().tokens_for(BULK) == 0
+    h.add(INTERACTIVE, 20, 4)
+    assert h.step().tokens_by_kind[(BULK, "prefill")] == 32

@@ -32,10 +32,13 @@ LAST_READ_AGO_S = 0.5
 
 @pytest.fixture
 def vllm_wait() -> Iterator[None]:
-    """Put vLLM's own `SpinCondition.wait` back after the test (the bound is process-wide)."""
-    original = SpinCondition.wait
+    """vLLM's own `SpinCondition.wait` for the test, and whatever was there after it: the bound
+    is process-wide, and a scheduler built in this process (the async scheduler's tests) sets
+    it."""
+    before = SpinCondition.wait
+    SpinCondition.wait = getattr(before, "__wrapped__", before)
     yield
-    SpinCondition.wait = original
+    SpinCondition.wait = before
 
 
 @pytest.fixture

@@ -268,8 +268,7 @@ def compose_step(
             owed_tokens=bulk_owed_tokens,
             step_token_budget=knobs.step_token_budget,
             bulk_min_share=knobs.bulk_min_share,
-            accrues=bulk_aged
-            and holds_bulk_back(interactive_prefill_demand_tokens=demand[inter], deferred=defer),
+            accrues=bulk_aged and holds_bulk_back(demand[inter], deferred=defer),
             # What the step plans for bulk; vLLM may run less (a prefix-cache hit), not more.
             bulk_tokens_run=len(decodes[bulk]) + bulk_tokens,
         ),
