@@ -27,7 +27,7 @@ from tests import vllm_suite
 from tests.dependencies import missing_dependency
 
 VLLM_PYTHON = vllm_suite.VLLM_PYTHON
-INSIDE_TESTS = 14
+INSIDE_TESTS = 18
 INSIDE_TEST_NAME = "test_vllm_suite_passes_inside_the_vllm_environment"
 
 
