@@ -136,16 +136,7 @@ def test_a_chat_prefill_step_carries_no_bulk_prefill_even_when_bulk_is_aged() ->
     """The chat's first token waits on its prefill step: a bulk chunk beside it would add its
     whole cost to the chat's TTFT. Aged bulk is owed the share it skipped
     (policies/bulk_guarantee.py)."""
-    config = EngineConfig(
-        max_active_seqs=8,
-        step_token_budget=64,
-        bulk_prefill_chunk_tokens=16,
-        block_size_tokens=4,
-        bulk_aging_s=1.0,
-        bulk_min_share=0.25,
-        interactive_linger_s=0.0,
-    )
-    h = Harness(config, num_blocks=400, seed=3)
+    h = Harness(_config(bulk_aging_s=1.0, interactive_linger_s=0.0), num_blocks=400, seed=3)
     h.add(BULK, 200, 4)
     assert h.step().tokens_for(BULK) == 64  # alone, bulk prefill takes the whole budget
     h.add(INTERACTIVE, 20, 4)

@@ -8,6 +8,7 @@ import pytest
 
 from engine.backends.vllm.args import engine_kwargs
 from engine.backends.vllm.step_plan import (
+    StepComposition,
     StepKnobs,
     WorkItem,
     admission_limit,
@@ -186,37 +187,29 @@ def test_aged_bulk_is_owed_its_share_and_paid_beside_a_chat_once_past_the_slack(
     assert first.bulk_aged and first.deferred_bulk
     assert first.bulk_prefill_tokens == 0
     assert first.owed_bulk_tokens == 64
+
     # ...the next chat's step never defers, but within the slack (two shares) it pays nothing:
     # a pair of chats gets both steps to itself.
-    second = compose_step(
-        running,
-        waiting,
-        KNOBS,
-        deferred_steps_in_a_row=first.deferred_steps_in_a_row,
-        bulk_owed_tokens=first.owed_bulk_tokens,
-    )
+    def after(step: StepComposition) -> StepComposition:
+        return compose_step(
+            running,
+            waiting,
+            KNOBS,
+            deferred_steps_in_a_row=step.deferred_steps_in_a_row,
+            bulk_owed_tokens=step.owed_bulk_tokens,
+        )
+
+    second = after(first)
     assert not second.deferred_bulk and second.bulk_prefill_tokens == 0
     assert second.interactive_prefill_tokens == first.interactive_prefill_tokens
     assert second.owed_bulk_tokens == 128
     # The step after that may defer again (bulk runs at least every other step)...
-    third = compose_step(
-        running,
-        waiting,
-        KNOBS,
-        deferred_steps_in_a_row=second.deferred_steps_in_a_row,
-        bulk_owed_tokens=second.owed_bulk_tokens,
-    )
+    third = after(second)
     assert third.deferred_bulk and third.bulk_prefill_tokens == 0
     assert third.owed_bulk_tokens == 192
     # ...and the one after it pays what is past the slack (128 tokens), as far as the one bulk
     # prompt's chunk (32) goes, out of the chats' prefill.
-    fourth = compose_step(
-        running,
-        waiting,
-        KNOBS,
-        deferred_steps_in_a_row=third.deferred_steps_in_a_row,
-        bulk_owed_tokens=third.owed_bulk_tokens,
-    )
+    fourth = after(third)
     assert not fourth.deferred_bulk and fourth.bulk_prefill_tokens == 32
     assert fourth.interactive_prefill_tokens < first.interactive_prefill_tokens
     assert fourth.owed_bulk_tokens == 192 + 64 - 32
