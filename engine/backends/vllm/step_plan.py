@@ -12,7 +12,7 @@ prefill tokens per step". What it can be told, per step, without touching its in
 
 This module turns a view of the queues into those three, with `policies.step_budget`'s split:
 bulk prefill only from what interactive work left and at most the bulk chunk cap, except that
-aged bulk work is guaranteed its minimum share; with no interactive request in the engine
+aged bulk work is owed its minimum share (below); with no interactive request in the engine
 (nor one recently: the caller's `policies.interactive_presence`), bulk prefill takes the whole
 budget (work-conserving, as plain vLLM). A step that runs a chat's prefill takes no bulk
 prefill (`bulk_prefill_cap_after_interactive`) beyond what aged bulk is due
