@@ -113,10 +113,12 @@ def _competes_for_prefill(interactive_prefill_demand_tokens: int) -> bool:
     return interactive_prefill_demand_tokens > 0
 
 
-def holds_bulk_back(interactive_prefill_demand_tokens: int, *, deferred: bool) -> bool:
-    """Whether a step owes aged bulk its share (policies/bulk_guarantee.py): it defers bulk, or
-    an interactive prompt competes for its budget."""
-    return deferred or _competes_for_prefill(interactive_prefill_demand_tokens)
+def owes_bulk_share(
+    *, bulk_aged: bool, interactive_prefill_demand_tokens: int, deferred: bool
+) -> bool:
+    """Whether a step owes aged bulk its share (policies/bulk_guarantee.py): bulk is aged, and
+    the step defers it or an interactive prompt competes for its budget."""
+    return bulk_aged and (deferred or _competes_for_prefill(interactive_prefill_demand_tokens))
 
 
 def bulk_prefill_cap_after_interactive(

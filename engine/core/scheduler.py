@@ -31,7 +31,7 @@ from policies.step_budget import (
     StepBudgetPlan,
     bulk_prefill_cap_after_interactive,
     defers_bulk,
-    holds_bulk_back,
+    owes_bulk_share,
     plan_step_budget,
 )
 
@@ -142,12 +142,15 @@ class Scheduler:
             )
         self._schedule_prefills(BULK, bulk_prefill_cap, state, now_s, bulk_aged)
         self._bulk_deferred_last_step = defer_bulk
-        held_back = holds_bulk_back(interactive_demand_tokens, deferred=defer_bulk)
         self._bulk_owed_tokens = bulk_owed_after_step(
             owed_tokens=self._bulk_owed_tokens,
             step_token_budget=self.config.step_token_budget,
             bulk_min_share=self.config.bulk_min_share,
-            accrues=bulk_aged and held_back,
+            accrues=owes_bulk_share(
+                bulk_aged=bulk_aged,
+                interactive_prefill_demand_tokens=interactive_demand_tokens,
+                deferred=defer_bulk,
+            ),
             bulk_tokens_run=self._tokens(state, BULK),
         )
 

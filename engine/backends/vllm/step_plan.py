@@ -35,7 +35,7 @@ from policies.request_class import RequestClass
 from policies.step_budget import (
     bulk_prefill_cap_after_interactive,
     defers_bulk,
-    holds_bulk_back,
+    owes_bulk_share,
     plan_step_budget,
 )
 
@@ -268,7 +268,9 @@ def compose_step(
             owed_tokens=bulk_owed_tokens,
             step_token_budget=knobs.step_token_budget,
             bulk_min_share=knobs.bulk_min_share,
-            accrues=bulk_aged and holds_bulk_back(demand[inter], deferred=defer),
+            accrues=owes_bulk_share(
+                bulk_aged=bulk_aged, interactive_prefill_demand_tokens=demand[inter], deferred=defer
+            ),
             # What the step plans for bulk; vLLM may run less (a prefix-cache hit), not more.
             bulk_tokens_run=len(decodes[bulk]) + bulk_tokens,
         ),
