@@ -10,10 +10,10 @@ import random
 from dataclasses import dataclass, field
 from typing import Any
 
-import httpx
 import redis
 from prometheus_client.parser import text_string_to_metric_families
 
+from bench.load.client import LoadClient, LoadResponse, LoadStream
 from bench.load.http_clients import HttpSender, _Stream
 from bench.load.records import RequestRecord
 from bench.load.workload import PlannedRequest
@@ -33,7 +33,7 @@ _current_record: contextvars.ContextVar[RequestRecord | None] = contextvars.Cont
 )
 
 
-def _predicted_s(response: httpx.Response) -> float | None:
+def _predicted_s(response: LoadResponse | LoadStream) -> float | None:
     raw = response.headers.get(PREDICTED_TTFT_HEADER)
     try:
         return float(raw) / 1000 if raw is not None else None
@@ -44,13 +44,13 @@ def _predicted_s(response: httpx.Response) -> float | None:
 class _PostTap:
     """The sender's client, with every job submission's predicted TTFT noted on its record."""
 
-    def __init__(self, client: httpx.AsyncClient):
+    def __init__(self, client: LoadClient):
         self._client = client
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._client, name)
 
-    async def post(self, url: str, **kwargs: Any) -> httpx.Response:
+    async def post(self, url: str, **kwargs: Any) -> LoadResponse:
         response = await self._client.post(url, **kwargs)
         record = _current_record.get()
         if record is not None:
@@ -63,7 +63,7 @@ class BreakdownSender(HttpSender):
     the server's own TTFT. The records carry them, so the chats can be sent from their own
     process (`run_load(chat_process=True)`) like every other benchmark's."""
 
-    def __init__(self, client: httpx.AsyncClient, *args: Any, **kwargs: Any) -> None:
+    def __init__(self, client: LoadClient, *args: Any, **kwargs: Any) -> None:
         super().__init__(client, *args, **kwargs)
         self._client = _PostTap(client)  # type: ignore[assignment]
 
@@ -78,7 +78,7 @@ class BreakdownSender(HttpSender):
         await super()._bulk(request, record, body, rng)
 
     async def _read_stream(
-        self, response: httpx.Response, record: RequestRecord, state: _Stream
+        self, response: LoadStream, record: RequestRecord, state: _Stream
     ) -> None:
         record.predicted_ttft_s = _predicted_s(response)
         await super()._read_stream(response, record, state)

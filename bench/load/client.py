@@ -1,133 +1,176 @@
-"""The load generator's HTTP client: many small httpx connection pools that act as one.
+"""The load generator's HTTP client: one aiohttp session, every request sent at once.
 
-NOTE: one httpx pool with hundreds of connections stalls the load generator's own event loop.
-httpcore walks every pooled connection (and, for each idle one, every connection again) on
-each request's start and end (encode/httpx#3215; encode/httpcore#1035 is not merged): at 400
-connections a burst of 400 job submissions blocked the loop for ~4 s and every later request
-cost ~40 ms of loop time (helper's measurement against a trivial server). In `bench compare`'s
-`mixed` run that stall was measured as chat TTFT (5.5 s) and delayed every chat planned in it.
-Pools of at most `shard_requests` requests keep each pass short: 400 at once then took 0.66 s
-and a later request 1.3 ms.
+NOTE: why aiohttp and not httpx. The load generator shares the measured machine's two cores with
+the server, so whatever CPU it spends per request is taken from the engine under test, in the
+very second a burst arrives. httpx cost ~1.6 ms of CPU per request here (py-spy of the bench
+process in `bench breakdown --workload mixed` on the 2-vCPU AMD EPYC: 48% of its samples in
+`AsyncClient.request`, 13% in httpcore's pool walk, `has_expired` and `get_extra_info` on every
+pooled connection per request, encode/httpx#3215); the bench process then held 0.35-0.77 of a
+core for the first second of the run while the 400 job submissions went out and vLLM's steps got
+0.5-0.9 of a core instead of 1.5-1.9. Earlier, one httpx pool of 400 connections stalled the
+loop for seconds (the pool pass is quadratic), which this module used to work around with
+shards of 32. aiohttp, the client of vLLM's own serving benchmark, keeps idle connections per
+host in a list and parses responses in C (its `_http_parser`), and no shards are needed.
 
-A request never waits for a pooled connection (the load stays open-loop): when every shard
-has `shard_requests` in flight, a new shard is made.
+A request never waits for a pooled connection (the load stays open-loop): the connector has no
+limit. Bodies go out as orjson bytes.
 """
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
-import ssl
 from collections.abc import AsyncIterator, Mapping
 from contextlib import asynccontextmanager
 from types import TracebackType
 from typing import Any
 
-import httpx
+import aiohttp
+import orjson
+from multidict import CIMultiDictProxy
 
-__all__ = ["SHARD_REQUESTS", "LoadClient", "ShardedClient", "warm_up"]
+__all__ = [
+    "LOAD_ERRORS",
+    "LoadClient",
+    "LoadResponse",
+    "LoadStream",
+    "client_timeout",
+    "warm_up",
+]
 
-SHARD_REQUESTS = 32
+# What a failed request raises (refused, reset, timed out): a sender records it as an error.
+LOAD_ERRORS: tuple[type[BaseException], ...] = (aiohttp.ClientError, asyncio.TimeoutError)
+_JSON_HEADERS = {"Content-Type": "application/json"}
 
 
-class ShardedClient:
-    """`get`/`post`/`delete`/`stream` of httpx.AsyncClient over shards of bounded size."""
+def client_timeout(connect_s: float, read_s: float) -> aiohttp.ClientTimeout:
+    """No bound on a whole request (a stream may sit in a queue; the run's drain bounds it),
+    `connect_s` to connect and `read_s` between two reads."""
+    return aiohttp.ClientTimeout(total=None, sock_connect=connect_s, sock_read=read_s)
+
+
+class LoadResponse:
+    """A whole response: its status, headers and body."""
+
+    def __init__(self, status_code: int, headers: CIMultiDictProxy[str], content: bytes) -> None:
+        self.status_code = status_code
+        self.headers = headers
+        self.content = content
+
+    @property
+    def text(self) -> str:
+        return self.content.decode("utf-8", errors="replace")
+
+    def json(self) -> Any:
+        return orjson.loads(self.content)
+
+
+class LoadStream:
+    """A response whose body is read as it arrives (a chat's SSE stream)."""
+
+    def __init__(self, response: aiohttp.ClientResponse) -> None:
+        self._response = response
+        self.status_code = response.status
+        self.headers = response.headers
+
+    async def aread(self) -> bytes:
+        return await self._response.read()
+
+    async def aiter_lines(self) -> AsyncIterator[str]:
+        """The body's lines without their line ends, empty lines included."""
+        async for raw in self._response.content:
+            yield raw.decode("utf-8").rstrip("\r\n")
+
+
+class LoadClient:
+    """`get`/`post`/`delete` (whole responses) and `stream` on one base URL."""
 
     def __init__(
         self,
         base_url: str,
         *,
         headers: Mapping[str, str] | None = None,
-        timeout: httpx.Timeout,
-        shard_requests: int = SHARD_REQUESTS,
+        timeout: aiohttp.ClientTimeout,
     ) -> None:
-        if shard_requests < 1:
-            raise ValueError(f"shard_requests: must be >= 1, got {shard_requests!r}")
-        self._base_url = base_url
-        self._headers = dict(headers or {})
-        self._timeout = timeout
-        self._shard_requests = shard_requests
-        # NOTE: one TLS context for every shard: an httpx client makes its own by default,
-        # loading the CA bundle (~170 ms for the first, ~23 ms each after, helper's machine),
-        # which a burst paid on its loop per new shard and the first chat paid in its TTFT.
-        self._ssl = ssl.create_default_context()
-        self._shards: list[httpx.AsyncClient] = []
-        # Requests in flight per shard, in the order of `_shards`.
-        self._busy: list[int] = []
-        self._closed = False
-        # The first shard now, before any measured request.
-        self._add_shard()
-
-    @property
-    def num_shards(self) -> int:
-        return len(self._shards)
-
-    @property
-    def in_flight(self) -> list[int]:
-        """Requests in flight per shard (each at most `shard_requests`)."""
-        return list(self._busy)
-
-    def _lease(self) -> int:
-        if self._closed:
-            raise RuntimeError("the client is closed")
-        # The first shard with room: warm keep-alive connections get reused first.
-        for index, busy in enumerate(self._busy):
-            if busy < self._shard_requests:
-                self._busy[index] += 1
-                return index
-        index = self._add_shard()
-        self._busy[index] = 1
-        return index
-
-    def _add_shard(self) -> int:
-        self._shards.append(self.spare())
-        self._busy.append(0)
-        return len(self._shards) - 1
-
-    def spare(self) -> httpx.AsyncClient:
-        """A client configured as a shard, outside the pool (the caller closes it)."""
-        return httpx.AsyncClient(
-            base_url=self._base_url,
-            headers=self._headers,
-            timeout=self._timeout,
-            verify=self._ssl,
-            # No connection limit: the lease above bounds a shard's requests, and a request
-            # must never queue for a connection.
-            limits=httpx.Limits(
-                max_connections=None, max_keepalive_connections=self._shard_requests
-            ),
+        self._base_url = base_url.rstrip("/")
+        self._session = aiohttp.ClientSession(
+            headers=dict(headers or {}),
+            timeout=timeout,
+            # No connection limit: a request must never queue for a connection.
+            connector=aiohttp.TCPConnector(limit=0, limit_per_host=0),
+            # The servers measured here answer plain JSON; no cookies to keep.
+            cookie_jar=aiohttp.DummyCookieJar(),
         )
+        self.in_flight = 0
 
-    async def request(self, method: str, url: str, **kwargs: Any) -> httpx.Response:
-        index = self._lease()
+    async def request(
+        self,
+        method: str,
+        url: str,
+        *,
+        json: Any = None,
+        params: Mapping[str, str | int] | None = None,
+        headers: Mapping[str, str] | None = None,
+        timeout_s: float | None = None,
+    ) -> LoadResponse:
+        kwargs = self._kwargs(json, params, headers)
+        if timeout_s is not None:
+            kwargs["timeout"] = aiohttp.ClientTimeout(total=timeout_s)
+        self.in_flight += 1
         try:
-            return await self._shards[index].request(method, url, **kwargs)
+            async with self._session.request(method, self._base_url + url, **kwargs) as response:
+                content = await response.read()
+                return LoadResponse(response.status, response.headers, content)
         finally:
-            self._busy[index] -= 1
+            self.in_flight -= 1
 
-    async def get(self, url: str, **kwargs: Any) -> httpx.Response:
+    async def get(self, url: str, **kwargs: Any) -> LoadResponse:
         return await self.request("GET", url, **kwargs)
 
-    async def post(self, url: str, **kwargs: Any) -> httpx.Response:
+    async def post(self, url: str, **kwargs: Any) -> LoadResponse:
         return await self.request("POST", url, **kwargs)
 
-    async def delete(self, url: str, **kwargs: Any) -> httpx.Response:
+    async def delete(self, url: str, **kwargs: Any) -> LoadResponse:
         return await self.request("DELETE", url, **kwargs)
 
     @asynccontextmanager
-    async def stream(self, method: str, url: str, **kwargs: Any) -> AsyncIterator[httpx.Response]:
-        index = self._lease()
+    async def stream(
+        self,
+        method: str,
+        url: str,
+        *,
+        json: Any = None,
+        headers: Mapping[str, str] | None = None,
+    ) -> AsyncIterator[LoadStream]:
+        """The response as it arrives; leaving the block early closes the connection (the
+        server sees the client go)."""
+        self.in_flight += 1
         try:
-            async with self._shards[index].stream(method, url, **kwargs) as response:
-                yield response
+            async with self._session.request(
+                method, self._base_url + url, **self._kwargs(json, None, headers)
+            ) as response:
+                yield LoadStream(response)
         finally:
-            self._busy[index] -= 1
+            self.in_flight -= 1
+
+    @staticmethod
+    def _kwargs(
+        json: Any, params: Mapping[str, str | int] | None, headers: Mapping[str, str] | None
+    ) -> dict[str, Any]:
+        kwargs: dict[str, Any] = {}
+        if json is not None:
+            kwargs["data"] = orjson.dumps(json)
+            kwargs["headers"] = {**_JSON_HEADERS, **(headers or {})}
+        elif headers:
+            kwargs["headers"] = dict(headers)
+        if params:
+            kwargs["params"] = {key: str(value) for key, value in params.items()}
+        return kwargs
 
     async def aclose(self) -> None:
-        self._closed = True
-        for shard in self._shards:
-            await shard.aclose()
+        await self._session.close()
 
-    async def __aenter__(self) -> ShardedClient:
+    async def __aenter__(self) -> LoadClient:
         return self
 
     async def __aexit__(
@@ -139,31 +182,18 @@ class ShardedClient:
         await self.aclose()
 
 
-# What a sender talks through: the sharded client in a run, a plain httpx client where a
-# caller brings its own.
-LoadClient = ShardedClient | httpx.AsyncClient
-
-
-async def warm_up(client: ShardedClient) -> None:
-    """One unmeasured request before the schedule starts, through a spare client configured as
-    the shards are: it runs httpx's request path once (its lazy imports and first-call set-up),
-    so that the first measured request does not pay for it. Every server the benches drive
-    answers `GET /v1/models` (mixgate and vLLM alike), and a failure here is left to the
-    measured requests to report.
+async def warm_up(client: LoadClient) -> None:
+    """One unmeasured request before the schedule starts: the client's first-call set-up
+    (lazy imports, the connector's first connection) is not paid by the first measured
+    request. Every server the benches drive answers `GET /v1/models` (mixgate and vLLM alike),
+    and a failure here is left to the measured requests to report.
 
     NOTE: without it, the first chat of each `bench compare` phase (sent from the chat process)
     took 39 ms longer at the client than the server's own TTFT for it (mixed phase) and 21 ms
     (chat alone), where the median chat's difference was 4 ms: that one chat was the
-    chat-over-backlog phase's p99 in most repeats, for every policy alike.
-
-    NOTE: not through a shard: a pool that holds an idle keep-alive connection hands it to every
-    request of a burst that enters before one of them has sent on it (httpcore assigns without
-    reserving; pydantic/httpx2#1075 fixes it, encode/httpcore#1035 is not merged), and the
-    losers retry after the burst. Warmed through the first shard, `mixed`'s 400 job submissions
-    reached the server with that shard's other 31 last, at ~0.4 s instead of in the first 30
-    ms: the 400-job intake then overlapped the chats sent at 0.42 s, in every policy's run. A
-    shard with no connection opens one per request of a burst.
+    chat-over-backlog phase's p99 in most repeats, for every policy alike. The keep-alive
+    connection it leaves goes to exactly one request of a burst (aiohttp takes a pooled
+    connection out of the pool when it hands it over); the others open their own.
     """
-    with contextlib.suppress(httpx.HTTPError):
-        async with client.spare() as spare:
-            await spare.get("/v1/models")
+    with contextlib.suppress(*LOAD_ERRORS):
+        await client.get("/v1/models")

@@ -1,7 +1,7 @@
 """The load generator's heap, frozen for the length of a run: its GC must not pause a client.
 
 NOTE: a load generator that stops to collect garbage measures its own pause as the server's
-latency. The bench process carries every module it imported (httpx, rich, the engine's and
+latency. The bench process carries every module it imported (its HTTP client, rich, the engine's and
 vLLM's packages for the server it manages): a full (gen-2) collection of that heap took 440 ms
 in the middle of a `bench breakdown --workload mixed` run and 249 ms at its start (gc.callbacks
 trace, 2-vCPU AMD EPYC): the bulk client stood still, and a core was taken from the engine the

@@ -4,7 +4,7 @@ Interactive requests stream chat completions over SSE; bulk requests are jobs, s
 polled. The chat clients run in a process of their own (bench/load/process.py), so that
 nothing the bulk side does on its event loop is measured as chat latency; the bulk side and
 the /metrics sampler run here. Both send the one seeded schedule on one t0 and talk through
-sharded httpx pools (bench/load/client.py). The run ends `drain_s` after the workload's
+an aiohttp session each (bench/load/client.py). The run ends `drain_s` after the workload's
 duration: what is still in flight then is cancelled (jobs DELETEd) and recorded incomplete.
 
     result = await run_load("http://127.0.0.1:8000", load_workload("mixed"), model="small")
@@ -19,9 +19,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
-import httpx
-
-from bench.load.client import ShardedClient, warm_up
+from bench.load.client import LOAD_ERRORS, LoadClient, warm_up
 from bench.load.drive import LoadDriver, sample_loop
 from bench.load.frozen_heap import heap_frozen
 from bench.load.http_clients import HttpSender, Recorder
@@ -35,6 +33,8 @@ from policies.request_class import RequestClass
 __all__ = ["LoadResult", "offered_load", "run_load"]
 
 _SCRAPE_TIMEOUT_S = 5.0
+# A missed /metrics sample (refused, timed out, unparsable) is a gap in a plot.
+_SCRAPE_ERRORS: tuple[type[BaseException], ...] = (*LOAD_ERRORS, ValueError)
 # How long the chat process may take beyond its own drain to hand its records back.
 _PART_RESULT_GRACE_S = 60.0
 
@@ -123,7 +123,7 @@ async def run_load(
     )
     try:
         async with (
-            ShardedClient(base_url, headers=headers, timeout=CLIENT_TIMEOUT) as client,
+            LoadClient(base_url, headers=headers, timeout=CLIENT_TIMEOUT) as client,
             contextlib.AsyncExitStack() as run_scope,
         ):
             await warm_up(client)
@@ -145,9 +145,9 @@ async def run_load(
 
             async def scrape(t_s: float) -> None:
                 try:
-                    response = await client.get("/metrics", timeout=_SCRAPE_TIMEOUT_S)
+                    response = await client.get("/metrics", timeout_s=_SCRAPE_TIMEOUT_S)
                     samples.append(parse_metrics(response.text, t_s))
-                except (httpx.HTTPError, ValueError):
+                except _SCRAPE_ERRORS:
                     pass  # a missed sample is a gap in a plot, not a failed run
 
             sampler = (

@@ -9,9 +9,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-import httpx
-
-from bench.load.client import LoadClient
+from bench.load.client import LOAD_ERRORS, LoadClient, LoadResponse, LoadStream
 from bench.load.jobs import JobWatcher
 from bench.load.records import CANCELLED, ERROR, EXPIRED, INCOMPLETE, OK, REJECTED, RequestRecord
 from bench.load.workload import PlannedRequest, prompt_messages, request_rng
@@ -21,6 +19,8 @@ __all__ = ["HttpSender", "Recorder", "RecordListener"]
 
 DEADLINE_HEADER = "X-Mixgate-Deadline-Ms"
 TIMINGS_HEADER = "X-Mixgate-Timings"
+# A request that fails in transport or answers something unreadable is recorded as an error.
+_SEND_ERRORS: tuple[type[BaseException], ...] = (*LOAD_ERRORS, ValueError, KeyError)
 # How long a client planned to give up "before the first token" waits before it closes.
 _CANCEL_BEFORE_FIRST_TOKEN_MAX_S = 0.05
 
@@ -70,7 +70,7 @@ def _error_code(body: bytes) -> str | None:
     return str(code) if code is not None else None
 
 
-def _refused(record: RequestRecord, response: httpx.Response, body: bytes) -> None:
+def _refused(record: RequestRecord, response: LoadResponse | LoadStream, body: bytes) -> None:
     """A non-success answer: 429 is an admission rejection, anything else an error."""
     record.status_code = response.status_code
     record.error_code = _error_code(body)
@@ -146,7 +146,7 @@ class HttpSender:
                 await self._chat(request, record, body, rng)
             else:
                 await self._bulk(request, record, body, rng)
-        except (httpx.HTTPError, ValueError, KeyError) as exc:
+        except _SEND_ERRORS as exc:
             record.outcome, record.error_code = ERROR, type(exc).__name__
         self._recorder.finish(record)
         if record.outcome == REJECTED:
@@ -201,7 +201,7 @@ class HttpSender:
             record.output_tokens = state.content_chunks
 
     async def _read_stream(
-        self, response: httpx.Response, record: RequestRecord, state: _Stream
+        self, response: LoadStream, record: RequestRecord, state: _Stream
     ) -> None:
         async for line in response.aiter_lines():
             if not line.startswith("data:"):

@@ -12,10 +12,9 @@ import contextlib
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-import httpx
 import orjson
 
-from bench.load.client import LoadClient
+from bench.load.client import LOAD_ERRORS, LoadClient
 
 PAGE_LIMIT = 100
 Job = dict[str, Any]
@@ -53,7 +52,7 @@ class JobWatcher:
             # A page per 100 outstanding jobs: poll a long list less often (at most ~4 pages
             # a second), so the poller's load on the server stays bounded.
             await self._sleep(max(self._poll_s, len(self._waiters) / (PAGE_LIMIT * 4)))
-            with contextlib.suppress(httpx.HTTPError):
+            with contextlib.suppress(*LOAD_ERRORS):
                 await self._poll_once()
 
     async def _poll_once(self) -> None:

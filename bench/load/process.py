@@ -36,9 +36,7 @@ from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Any
 
-import httpx
-
-from bench.load.client import ShardedClient, warm_up
+from bench.load.client import LOAD_ERRORS, LoadClient, client_timeout, warm_up
 from bench.load.drive import LoadDriver
 from bench.load.frozen_heap import heap_frozen
 from bench.load.http_clients import HttpSender, Recorder, RecordListener
@@ -57,13 +55,13 @@ __all__ = [
 ]
 
 # Streams may sit in a queue for long; the drain, not a read timeout, bounds a run.
-CLIENT_TIMEOUT = httpx.Timeout(30.0, read=600.0, pool=None)
+CLIENT_TIMEOUT = client_timeout(connect_s=30.0, read_s=600.0)
 # NOTE: the module imported by its name, not run as __main__: what the child pickles back
 # (PartResult, RequestRecord) must name classes the parent can find.
 _CHILD_MAIN = (
     "import sys; from bench.load.process import main; raise SystemExit(main(sys.argv[1:]))"
 )
-# Importing httpx and the bench modules, then making the client: well under this.
+# Importing aiohttp and the bench modules, then making the client: well under this.
 _READY_TIMEOUT_S = 60.0
 
 
@@ -90,13 +88,13 @@ class PartResult:
     issued: list[PlannedRequest]
 
 
-async def abandon(client: ShardedClient, recorder: Recorder) -> None:
+async def abandon(client: LoadClient, recorder: Recorder) -> None:
     """Record what is left as incomplete and DELETE its jobs (a backlog outlives the run on
     purpose; the next run must not inherit it)."""
 
     async def delete(job_id: str) -> None:
         # A failed DELETE leaves the job queued; the record says incomplete either way.
-        with contextlib.suppress(httpx.HTTPError):
+        with contextlib.suppress(*LOAD_ERRORS):
             await client.delete(f"/v1/jobs/{job_id}")
 
     left = recorder.abandon_all()
@@ -106,7 +104,7 @@ async def abandon(client: ShardedClient, recorder: Recorder) -> None:
 async def run_part(
     driver: LoadDriver,
     sender: HttpSender,
-    client: ShardedClient,
+    client: LoadClient,
     recorder: Recorder,
     drain_s: float,
 ) -> None:
@@ -259,7 +257,7 @@ class _Relay:
 
 
 async def _child(conn: Connection, spec: PartSpec) -> None:
-    async with ShardedClient(spec.base_url, headers=spec.headers, timeout=CLIENT_TIMEOUT) as client:
+    async with LoadClient(spec.base_url, headers=spec.headers, timeout=CLIENT_TIMEOUT) as client:
         await warm_up(client)
         # Frozen before the ready, so that its collection is not paid after the go; the
         # child's whole life is then the run.

@@ -1,14 +1,13 @@
-"""The load generator's sharded HTTP client, against a real uvicorn server on loopback: no
-request ever waits for a pooled connection (open loop), and no shard holds more than its
-bound of requests in flight (what keeps httpcore's per-request pool pass short)."""
+"""The load generator's HTTP client (aiohttp), against a real uvicorn server on loopback: no
+request ever waits for a pooled connection (open loop), bodies and parameters arrive as sent,
+streams come line by line, and what fails in transport raises one of `LOAD_ERRORS`."""
 
 from __future__ import annotations
 
 import asyncio
-import math
 from collections.abc import AsyncIterator
 
-import httpx
+import orjson
 import pytest
 import uvicorn
 from starlette.applications import Starlette
@@ -17,11 +16,11 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
 from bench.live.processes import free_port
-from bench.load.client import ShardedClient, warm_up
+from bench.load.client import LOAD_ERRORS, LoadClient, client_timeout, warm_up
 
-TIMEOUT = httpx.Timeout(10.0, pool=None)
-HELD = 100
-SHARD = 32
+TIMEOUT = client_timeout(connect_s=10.0, read_s=10.0)
+# More than aiohttp's default connection limit (100): the client must lift it.
+HELD = 150
 
 
 class HoldingServer:
@@ -46,10 +45,24 @@ class HoldingServer:
         self.seen.append((request.url.path, int(request.query_params.get("i", -1))))
         return JSONResponse({"ok": True})
 
+    async def echo(self, request: Request) -> Response:
+        return JSONResponse(
+            {
+                "method": request.method,
+                "body": orjson.loads(await request.body()) if request.method == "POST" else None,
+                "content_type": request.headers.get("content-type"),
+                "who": request.headers.get("x-who"),
+                "auth": request.headers.get("authorization"),
+                "query": dict(request.query_params),
+            },
+            status_code=429 if request.query_params.get("busy") else 200,
+            headers={"Retry-After": "3"},
+        )
+
     async def stream(self, request: Request) -> Response:
         async def body() -> AsyncIterator[bytes]:
             for i in range(3):
-                yield f"data: {i}\n\n".encode()
+                yield f"data: {i}\r\n\r\n".encode()
 
         return StreamingResponse(body(), media_type="text/event-stream")
 
@@ -59,6 +72,7 @@ class HoldingServer:
                 Route("/hold", self.hold),
                 Route("/ping", self.ping, methods=["GET", "POST", "DELETE"]),
                 Route("/v1/models", self.ping),
+                Route("/echo", self.echo, methods=["GET", "POST", "DELETE"]),
                 Route("/stream", self.stream, methods=["POST"]),
             ]
         )
@@ -87,51 +101,65 @@ async def served() -> AsyncIterator[tuple[HoldingServer, str]]:
 @pytest.mark.timeout(60)
 async def test_requests_never_wait_for_a_connection(served: tuple[HoldingServer, str]) -> None:
     holding, url = served
-    async with ShardedClient(url, timeout=TIMEOUT, shard_requests=SHARD) as client:
+    async with LoadClient(url, timeout=TIMEOUT) as client:
         held = [asyncio.ensure_future(client.get("/hold")) for _ in range(HELD)]
         # The server answers nothing until all of them are inside it: a request queued for a
         # pooled connection would never get there (and this would time out).
         await asyncio.wait_for(holding.all_in.wait(), 30.0)
-        assert client.num_shards == math.ceil(HELD / SHARD)
-        assert all(busy <= SHARD for busy in client.in_flight)
-        assert sum(client.in_flight) == HELD
+        assert client.in_flight == HELD
         holding.release.set()
         answers = await asyncio.gather(*held)
         assert [a.status_code for a in answers] == [200] * HELD
-        assert client.in_flight == [0] * client.num_shards
+        assert client.in_flight == 0
 
 
 @pytest.mark.anyio
 @pytest.mark.timeout(60)
-async def test_sequential_requests_reuse_one_shard(served: tuple[HoldingServer, str]) -> None:
-    _, url = served
-    async with ShardedClient(url, timeout=TIMEOUT, shard_requests=SHARD) as client:
-        for method in (client.get, client.post, client.delete):
-            response = await method("/ping")
-            assert response.json() == {"ok": True}
-        assert client.num_shards == 1
-        assert client.in_flight == [0]
-
-
-@pytest.mark.anyio
-@pytest.mark.timeout(60)
-async def test_stream_holds_its_lease_until_the_block_ends(
+async def test_bodies_parameters_and_headers_arrive_as_sent(
     served: tuple[HoldingServer, str],
 ) -> None:
     _, url = served
-    async with ShardedClient(url, timeout=TIMEOUT, shard_requests=1) as client:
-        async with client.stream("POST", "/stream") as response:
-            assert client.in_flight == [1]
-            # A second request while the stream is open needs a shard of its own (bound 1).
-            assert (await client.get("/ping")).status_code == 200
-            assert client.num_shards == 2
-            lines = [line async for line in response.aiter_lines() if line]
-        assert lines == ["data: 0", "data: 1", "data: 2"]
-        assert client.in_flight == [0, 0]
+    async with LoadClient(url, headers={"Authorization": "Bearer k"}, timeout=TIMEOUT) as client:
+        posted = await client.post(
+            "/echo", json={"n": 1, "s": "é"}, params={"limit": 100}, headers={"x-who": "me"}
+        )
+        assert posted.status_code == 200
+        assert posted.json() == {
+            "method": "POST",
+            "body": {"n": 1, "s": "é"},
+            "content_type": "application/json",
+            "who": "me",
+            "auth": "Bearer k",
+            "query": {"limit": "100"},
+        }
+        deleted = await client.delete("/echo")
+        assert deleted.json()["method"] == "DELETE"
+        assert deleted.json()["content_type"] is None
+        refused = await client.get("/echo", params={"busy": "1"})
+        # A refusal is an answer, not an error: its status and headers (any case) are read.
+        assert refused.status_code == 429
+        assert refused.headers.get("retry-after") == "3"
+        assert orjson.loads(refused.text)["query"] == {"busy": "1"}
+
+
+@pytest.mark.anyio
+@pytest.mark.timeout(60)
+async def test_a_stream_comes_line_by_line_and_counts_while_open(
+    served: tuple[HoldingServer, str],
+) -> None:
+    _, url = served
+    async with LoadClient(url, timeout=TIMEOUT) as client:
+        async with client.stream("POST", "/stream", json={}) as response:
+            assert response.status_code == 200
+            assert client.in_flight == 1
+            lines = [line async for line in response.aiter_lines()]
+        # Line ends (CRLF here) are cut; the blank lines between events stay.
+        assert lines == ["data: 0", "", "data: 1", "", "data: 2", ""]
+        assert client.in_flight == 0
         with pytest.raises(RuntimeError, match="left"):
             async with client.stream("POST", "/stream"):
                 raise RuntimeError("left the block early")
-        assert client.in_flight == [0, 0]
+        assert client.in_flight == 0
     with pytest.raises(RuntimeError, match="closed"):
         await client.get("/ping")
 
@@ -141,32 +169,35 @@ async def test_stream_holds_its_lease_until_the_block_ends(
 async def test_a_burst_after_the_warm_up_reaches_the_server_in_the_order_sent(
     served: tuple[HoldingServer, str],
 ) -> None:
-    # httpcore hands a pool's idle keep-alive connection to every request of a burst; the
-    # losers go last. Warmed through the first shard, its other 31 requests of 100 reached
-    # the server 70th to 99th; warmed through a spare client, the shards hold no connection
-    # and each request of the burst opens its own (the first 32 arrived first, 4 of 4 runs
-    # with both cores busy).
+    # The warm-up's keep-alive connection goes to one request of the burst, the others open
+    # their own: none of them waits behind another's response.
     holding, url = served
-    async with ShardedClient(url, timeout=TIMEOUT, shard_requests=SHARD) as client:
+    async with LoadClient(url, timeout=TIMEOUT) as client:
         await warm_up(client)
         # The ids travel in the path's query: the server records them in arrival order.
         await asyncio.gather(*(client.post("/ping", params={"i": i}) for i in range(100)))
     assert holding.seen[0][0] == "/v1/models"
     arrived = [i for path, i in holding.seen[1:]]
     assert sorted(arrived) == list(range(100))
-    first_shard_ranks = [arrived.index(i) for i in range(SHARD)]
-    assert max(first_shard_ranks) < 48, first_shard_ranks
+    first_ranks = [arrived.index(i) for i in range(32)]
+    assert max(first_ranks) < 48, first_ranks
+
+
+@pytest.mark.anyio
+@pytest.mark.timeout(60)
+async def test_a_read_that_outlasts_its_timeout_fails_as_a_load_error(
+    served: tuple[HoldingServer, str],
+) -> None:
+    _, url = served
+    async with LoadClient(url, timeout=client_timeout(connect_s=10.0, read_s=0.2)) as client:
+        with pytest.raises(LOAD_ERRORS):
+            await client.get("/hold")  # held until the fixture ends
 
 
 @pytest.mark.anyio
 @pytest.mark.timeout(60)
 async def test_a_warm_up_that_finds_no_server_leaves_it_to_the_measured_requests() -> None:
-    async with ShardedClient(f"http://127.0.0.1:{free_port()}", timeout=TIMEOUT) as client:
+    async with LoadClient(f"http://127.0.0.1:{free_port()}", timeout=TIMEOUT) as client:
         await warm_up(client)  # connection refused: swallowed, nothing measured yet
-        with pytest.raises(httpx.ConnectError):
+        with pytest.raises(LOAD_ERRORS):
             await client.get("/ping")
-
-
-def test_shard_bound_must_be_positive() -> None:
-    with pytest.raises(ValueError, match="shard_requests"):
-        ShardedClient("http://127.0.0.1:1", timeout=TIMEOUT, shard_requests=0)
