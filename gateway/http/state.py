@@ -62,6 +62,7 @@ class GatewayState:
             self.settings.job_intake_concurrency,
             self.settings.job_intake_concurrency_while_chats_wait,
             self.settings.chat_intake_hold_max_s,
+            self.settings.job_intake_trickle_s,
         )
 
     def not_ready_reasons(self) -> list[str]:

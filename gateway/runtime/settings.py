@@ -59,7 +59,10 @@ class Settings:
     job_intake_concurrency: int = 16
     # ... and while a chat waits for its first token (gateway/admission/intake_lane.py; at
     # most job_intake_concurrency).
-    job_intake_concurrency_while_chats_wait: int = 2
+    job_intake_concurrency_while_chats_wait: int = 0
+    # ... past which one parked submission still starts every this many seconds while chats
+    # wait, so that a flood of chats slows bulk intake and never stops it.
+    job_intake_trickle_s: float = 0.02
     # The longest one chat holds bulk intake at that lower limit (a chat whose first text
     # never comes, say its client left before its body began, must not hold it for good).
     chat_intake_hold_max_s: float = 1.0
@@ -157,8 +160,10 @@ class Settings:
     def _check_intake_limits(self) -> None:
         if self.job_intake_concurrency < 1:
             raise ValueError("job_intake_concurrency must be at least 1")
-        if self.job_intake_concurrency_while_chats_wait < 1:
-            raise ValueError("job_intake_concurrency_while_chats_wait must be at least 1")
+        if self.job_intake_concurrency_while_chats_wait < 0:
+            raise ValueError("job_intake_concurrency_while_chats_wait must be at least 0")
+        if self.job_intake_trickle_s <= 0:
+            raise ValueError("job_intake_trickle_s must be positive")
         if self.chat_intake_hold_max_s <= 0:
             raise ValueError("chat_intake_hold_max_s must be positive")
         if self.max_unstarted_bulk_jobs < 0:
@@ -246,6 +251,7 @@ _INTS = {
 }
 _FLOATS = {
     "chat_intake_hold_max_s",
+    "job_intake_trickle_s",
     "lease_s",
     "stream_idle_timeout_s",
     "stream_resume_grace_s",

@@ -12,6 +12,7 @@ def test_environment_sets_typed_values() -> None:
         {
             "MIXGATE_JOB_INTAKE_CONCURRENCY": "4",
             "MIXGATE_BODY_READ_TIMEOUT_S": "2.5",
+            "MIXGATE_JOB_INTAKE_TRICKLE_S": "0.05",
             "MIXGATE_CLAIM_CLASSES": "bulk",
             "MIXGATE_PAGED_ATTENTION_KERNEL": "0",
             "MIXGATE_FUSED_ELEMENTWISE_KERNELS": "off",
@@ -22,7 +23,9 @@ def test_environment_sets_typed_values() -> None:
     assert Settings.from_env({}).paged_attention_kernel is True
     assert Settings.from_env({}).fused_elementwise_kernels is True
     assert settings.job_intake_concurrency == 4
-    assert settings.job_intake_concurrency_while_chats_wait == 2  # the default
+    # The default: nothing new starts while a chat waits, but for the trickle.
+    assert settings.job_intake_concurrency_while_chats_wait == 0
+    assert settings.job_intake_trickle_s == 0.05
     assert settings.body_read_timeout_s == 2.5
     assert settings.claimed_classes == frozenset({"bulk"})
 
@@ -39,7 +42,8 @@ def test_bulk_claim_pacing_is_a_setting_and_0_turns_it_off() -> None:
     ("name", "value"),
     [
         ("MIXGATE_JOB_INTAKE_CONCURRENCY", "0"),
-        ("MIXGATE_JOB_INTAKE_CONCURRENCY_WHILE_CHATS_WAIT", "0"),
+        ("MIXGATE_JOB_INTAKE_CONCURRENCY_WHILE_CHATS_WAIT", "-1"),
+        ("MIXGATE_JOB_INTAKE_TRICKLE_S", "0"),
         ("MIXGATE_CHAT_INTAKE_HOLD_MAX_S", "0"),
         ("MIXGATE_MAX_UNSTARTED_BULK_JOBS", "-1"),
         ("MIXGATE_BODY_READ_TIMEOUT_S", "0"),

@@ -29,11 +29,18 @@ class _Holder:
             await self.release.wait()
 
 
+# A trickle that never comes within a test: only what the test releases starts a submission.
+NO_TRICKLE_S = 3600.0
+
+
 async def _one_in(
-    limit: int, limit_while_chats_wait: int, max_chat_wait_s: float = 1.0
+    limit: int,
+    limit_while_chats_wait: int,
+    max_chat_wait_s: float = 1.0,
+    trickle_interval_s: float = NO_TRICKLE_S,
 ) -> tuple[IntakeLane, list[str], _Holder]:
     """A lane with submission s0 holding a slot."""
-    lane = IntakeLane(limit, limit_while_chats_wait, max_chat_wait_s)
+    lane = IntakeLane(limit, limit_while_chats_wait, max_chat_wait_s, trickle_interval_s)
     entered: list[str] = []
     first = _Holder(lane, "s0", entered)
     await first.inside.wait()
@@ -116,11 +123,57 @@ async def test_a_parked_submission_that_is_cancelled_leaves_no_slot_taken() -> N
         await gone.task
 
 
+@pytest.mark.anyio
+async def test_while_a_chat_waits_nothing_new_starts_at_a_lower_limit_of_0() -> None:
+    lane, entered, first = await _one_in(limit=3, limit_while_chats_wait=0)
+    ticket = lane.chat_arrived()
+    assert lane.current_limit() == 0
+    later = [_Holder(lane, f"s{i}", entered) for i in (1, 2)]
+    await _settle()
+    # s0 goes on (what is in flight finishes); nothing new starts, though slots are free.
+    assert entered == ["s0"] and (lane.in_flight, lane.parked) == (1, 2)
+    ticket.release()
+    await asyncio.gather(*(h.inside.wait() for h in later))
+    assert entered == ["s0", "s1", "s2"]
+    for holder in (first, *later):
+        holder.release.set()
+    await asyncio.gather(first.task, *(h.task for h in later))
+    assert (lane.in_flight, lane.parked) == (0, 0)
+
+
+@pytest.mark.anyio
+async def test_a_flood_of_chats_slows_intake_to_the_trickle_and_never_stops_it() -> None:
+    # The chat's ticket outlives the test: only the trickle can start anything.
+    lane, entered, first = await _one_in(
+        limit=3, limit_while_chats_wait=0, max_chat_wait_s=3600, trickle_interval_s=0.001
+    )
+    ticket = lane.chat_arrived()
+    gone = _Holder(lane, "gone", entered)
+    later = [_Holder(lane, f"s{i}", entered) for i in (1, 2, 3)]
+    await _settle()
+    gone.task.cancel()  # a parked submission whose client left: the trickle skips it
+    await asyncio.gather(*(h.inside.wait() for h in later[:2]))
+    assert entered == ["s0", "s1", "s2"]
+    # The full limit still holds: s3 starts only once a slot frees, and then by the trickle.
+    assert lane.in_flight == 3 and lane.parked == 1
+    first.release.set()
+    await later[2].inside.wait()
+    assert entered == ["s0", "s1", "s2", "s3"]
+    assert not ticket.released and lane.chats_waiting == 1
+    for holder in later:
+        holder.release.set()
+    await asyncio.gather(first.task, *(h.task for h in later))
+    assert (lane.in_flight, lane.parked) == (0, 0)
+    ticket.release()
+
+
 def test_limits_are_checked() -> None:
     with pytest.raises(ValueError):
         IntakeLane(limit=0, limit_while_chats_wait=1)
     with pytest.raises(ValueError):
-        IntakeLane(limit=2, limit_while_chats_wait=0)
+        IntakeLane(limit=2, limit_while_chats_wait=-1)
+    with pytest.raises(ValueError):
+        IntakeLane(limit=2, limit_while_chats_wait=0, trickle_interval_s=0)
     # A lower limit above the full one is clamped to it rather than refused.
     lane = IntakeLane(limit=1, limit_while_chats_wait=4)
     assert (lane.limit, lane.limit_while_chats_wait) == (1, 1)
