@@ -21,6 +21,7 @@ from bench.load.client import LOAD_ERRORS, LoadClient, client_timeout, warm_up
 TIMEOUT = client_timeout(connect_s=10.0, read_s=10.0)
 # More than aiohttp's default connection limit (100): the client must lift it.
 HELD = 150
+pytestmark = [pytest.mark.anyio, pytest.mark.timeout(60)]
 
 
 class HoldingServer:
@@ -97,8 +98,6 @@ async def served() -> AsyncIterator[tuple[HoldingServer, str]]:
         await task
 
 
-@pytest.mark.anyio
-@pytest.mark.timeout(60)
 async def test_requests_never_wait_for_a_connection(served: tuple[HoldingServer, str]) -> None:
     holding, url = served
     async with LoadClient(url, timeout=TIMEOUT) as client:
@@ -113,8 +112,6 @@ async def test_requests_never_wait_for_a_connection(served: tuple[HoldingServer,
         assert client.in_flight == 0
 
 
-@pytest.mark.anyio
-@pytest.mark.timeout(60)
 async def test_bodies_parameters_and_headers_arrive_as_sent(
     served: tuple[HoldingServer, str],
 ) -> None:
@@ -142,8 +139,6 @@ async def test_bodies_parameters_and_headers_arrive_as_sent(
         assert orjson.loads(refused.text)["query"] == {"busy": "1"}
 
 
-@pytest.mark.anyio
-@pytest.mark.timeout(60)
 async def test_a_stream_comes_line_by_line_and_counts_while_open(
     served: tuple[HoldingServer, str],
 ) -> None:
@@ -164,8 +159,6 @@ async def test_a_stream_comes_line_by_line_and_counts_while_open(
         await client.get("/ping")
 
 
-@pytest.mark.anyio
-@pytest.mark.timeout(60)
 async def test_a_burst_after_the_warm_up_reaches_the_server_in_the_order_sent(
     served: tuple[HoldingServer, str],
 ) -> None:
@@ -183,8 +176,6 @@ async def test_a_burst_after_the_warm_up_reaches_the_server_in_the_order_sent(
     assert max(first_ranks) < 48, first_ranks
 
 
-@pytest.mark.anyio
-@pytest.mark.timeout(60)
 async def test_a_read_that_outlasts_its_timeout_fails_as_a_load_error(
     served: tuple[HoldingServer, str],
 ) -> None:
@@ -194,8 +185,6 @@ async def test_a_read_that_outlasts_its_timeout_fails_as_a_load_error(
             await client.get("/hold")  # held until the fixture ends
 
 
-@pytest.mark.anyio
-@pytest.mark.timeout(60)
 async def test_a_warm_up_that_finds_no_server_leaves_it_to_the_measured_requests() -> None:
     async with LoadClient(f"http://127.0.0.1:{free_port()}", timeout=TIMEOUT) as client:
         await warm_up(client)  # connection refused: swallowed, nothing measured yet
