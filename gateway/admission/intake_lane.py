@@ -129,12 +129,14 @@ class IntakeLane:
             self._start_next()
         self._arm_trickle()
 
-    def _start_next(self) -> None:
+    def _start_next(self) -> bool:
+        """Start the first parked submission; False where its waiter was cancelled."""
         future = self._parked.popleft()
         if future.done():  # its waiter was cancelled
-            return
+            return False
         self.in_flight += 1
         future.set_result(None)
+        return True
 
     def _room(self) -> bool:
         return self.in_flight < self.limit
@@ -149,9 +151,6 @@ class IntakeLane:
     def _trickle_one(self) -> None:
         self._trickle = None
         # Past the lower limit, never past the full one.
-        while self._parked and self._room():
-            if not self._parked[0].done():
-                self._start_next()
-                break
-            self._parked.popleft()  # a cancelled waiter: skip it
+        while self._parked and self._room() and not self._start_next():
+            pass  # a cancelled waiter skipped: try the next
         self._arm_trickle()
